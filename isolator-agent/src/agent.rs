@@ -1,0 +1,268 @@
+//! `isolator run`: the per-cycle loop. kernel -> collector -> registry (cgroup paths) ->
+//! metrics -> sinks. Observe-only in this version.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE, UNATTRIBUTED_CGROUP};
+
+use crate::{
+    cgroupfs::IoHierarchy,
+    collector::{Collector, Snapshot},
+    events::{CgroupRef, DeviceStats, Event, NdjsonSink, Totals},
+    metrics::Metrics,
+    privileges,
+    probe::{self, Probe},
+};
+
+pub struct RunOptions {
+    pub interval: Duration,
+    pub json: Option<PathBuf>,
+    pub btf: PathBuf,
+}
+
+/// Names disks by dev_t from /sys/dev/block.
+#[derive(Default)]
+struct DiskNames(HashMap<u32, Option<String>>);
+
+impl DiskNames {
+    fn name(&mut self, dev: u32) -> Option<String> {
+        self.0
+            .entry(dev)
+            .or_insert_with(|| {
+                let link = format!("/sys/dev/block/{}:{}", dev_major(dev), dev_minor(dev));
+                std::fs::read_link(link)
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            })
+            .clone()
+    }
+}
+
+/// cgroup id -> path, remembering paths of cgroups that have gone.
+struct Registry {
+    hierarchy: IoHierarchy,
+    paths: HashMap<u64, String>,
+}
+
+impl Registry {
+    fn refresh(&mut self) -> HashMap<u64, String> {
+        let live = self.hierarchy.scan();
+        for (id, p) in &live {
+            self.paths.insert(*id, p.clone());
+        }
+        live
+    }
+
+    fn cgroup(&self, id: u64) -> CgroupRef {
+        CgroupRef {
+            id,
+            path: if id == UNATTRIBUTED_CGROUP {
+                None
+            } else {
+                self.paths.get(&id).cloned()
+            },
+        }
+    }
+}
+
+pub struct Agent {
+    sink: NdjsonSink,
+    collector: Collector,
+    metrics: Metrics,
+    registry: Registry,
+    disks: DiskNames,
+    // Declared last: dropping it detaches the programs after the maps are released.
+    _probe: Probe,
+}
+
+impl Agent {
+    /// Everything that can fail on bad input fails here, before the first cycle.
+    pub fn start(opts: &RunOptions) -> Result<Self> {
+        let mut sink = match &opts.json {
+            Some(p) => NdjsonSink::file(p).with_context(|| {
+                format!("cannot open --json {}; choose a writable path", p.display())
+            })?,
+            None => NdjsonSink::stdout(),
+        };
+        if !privileges::can_load_bpf(privileges::effective_caps()) {
+            bail!(privileges::NEED_PRIVILEGES);
+        }
+        if let Err(e) = privileges::raise_memlock() {
+            // Kernels >= 5.11 charge BPF memory to the memory cgroup: not fatal.
+            sink.emit(&Event::Warning {
+                code: "memlock".into(),
+                message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
+            })?;
+        }
+        let hierarchy = IoHierarchy::detect()?;
+        let btf = probe::load_btf(&opts.btf)?;
+        let mut probe = Probe::load(&btf)?;
+        let collector = Collector::new(&mut probe.ebpf)?;
+        sink.emit(&Event::AgentStart {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            kernel: privileges::kernel_release(),
+            cgroup_mode: hierarchy.mode,
+            cgroup_root: hierarchy.root.display().to_string(),
+            attach: "raw_tracepoint".into(),
+            interval_s: opts.interval.as_secs_f64(),
+        })?;
+        sink.flush()?;
+        Ok(Agent {
+            sink,
+            collector,
+            metrics: Metrics::default(),
+            registry: Registry {
+                hierarchy,
+                paths: HashMap::new(),
+            },
+            disks: DiskNames::default(),
+            _probe: probe,
+        })
+    }
+
+    /// One cycle: collect, name, compute, emit.
+    pub fn cycle(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let snap = self.collector.collect()?;
+        let live = self.registry.refresh();
+        let interval_s = snap.interval_ns as f64 / 1e9;
+
+        let records = self.records(&snap);
+        let n = records.len();
+        for r in records {
+            self.sink.emit(&r)?;
+        }
+
+        // Cgroups that are gone and idle: drop their keys so the maps stay bounded.
+        let mut idle_by_cgroup: BTreeMap<u64, bool> = BTreeMap::new();
+        for d in &snap.deltas {
+            let e = idle_by_cgroup.entry(d.key.cgroup_id).or_insert(true);
+            *e &= d.is_idle();
+        }
+        for (id, idle) in idle_by_cgroup {
+            if id != UNATTRIBUTED_CGROUP && idle && !live.contains_key(&id) {
+                let cgroup = self.registry.cgroup(id);
+                self.collector.forget_cgroup(id);
+                self.metrics.forget_cgroup(id);
+                self.registry.paths.remove(&id);
+                self.sink.emit(&Event::CgroupGone {
+                    cycle: snap.cycle,
+                    cgroup,
+                })?;
+            }
+        }
+
+        self.sink.emit(&Event::CycleEnd {
+            cycle: snap.cycle,
+            interval_s,
+            cgroups: n,
+            tracked_keys: self.collector.tracked_keys(),
+            preexisting_completions: snap.preexisting_completions,
+            map_full: snap.map_full,
+            collect_us: started.elapsed().as_micros() as u64,
+        })?;
+        self.sink.flush()?;
+        Ok(())
+    }
+
+    fn records(&mut self, snap: &Snapshot) -> Vec<Event> {
+        let interval_s = snap.interval_ns as f64 / 1e9;
+        // cgroup -> dev -> DeviceStats
+        let mut by_cgroup: BTreeMap<u64, BTreeMap<u32, DeviceStats>> = BTreeMap::new();
+        for d in &snap.deltas {
+            let stats = self.metrics.observe(d, snap.interval_ns);
+            if d.is_idle() {
+                continue;
+            }
+            let dev = by_cgroup
+                .entry(d.key.cgroup_id)
+                .or_default()
+                .entry(d.key.dev)
+                .or_insert_with(|| DeviceStats {
+                    dev: format!("{}:{}", dev_major(d.key.dev), dev_minor(d.key.dev)),
+                    disk: self.disks.name(d.key.dev),
+                    read: None,
+                    write: None,
+                    other: None,
+                });
+            match d.key.op {
+                OP_READ => dev.read = Some(stats),
+                OP_WRITE => dev.write = Some(stats),
+                _ => dev.other = Some(stats),
+            }
+        }
+        by_cgroup
+            .into_iter()
+            .map(|(id, devs)| {
+                let devices: Vec<DeviceStats> = devs.into_values().collect();
+                let sum = |f: &dyn Fn(&DeviceStats) -> u64| devices.iter().map(f).sum::<u64>();
+                let read_bytes = sum(&|d| d.read.as_ref().map_or(0, |s| s.bytes));
+                let write_bytes = sum(&|d| d.write.as_ref().map_or(0, |s| s.bytes));
+                let ios = sum(&|d| {
+                    [&d.read, &d.write, &d.other]
+                        .iter()
+                        .filter_map(|s| s.as_ref())
+                        .map(|s| s.ios)
+                        .sum()
+                });
+                Event::CgroupStats {
+                    cycle: snap.cycle,
+                    interval_s,
+                    cgroup: self.registry.cgroup(id),
+                    totals: Totals {
+                        read_bytes,
+                        write_bytes,
+                        read_mbps: read_bytes as f64 / interval_s / 1e6,
+                        write_mbps: write_bytes as f64 / interval_s / 1e6,
+                        iops: ios as f64 / interval_s,
+                    },
+                    devices,
+                }
+            })
+            .collect()
+    }
+
+    pub fn stop(&mut self, reason: &str, cycles: u64) -> Result<()> {
+        self.sink.emit(&Event::AgentStop {
+            reason: reason.into(),
+            cycles,
+        })?;
+        self.sink.flush()?;
+        Ok(())
+    }
+}
+
+/// Runs until SIGINT/SIGTERM; then detaches and returns (exit 0).
+pub async fn run(opts: RunOptions) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut agent = Agent::start(&opts)?;
+    let mut tick = tokio::time::interval(opts.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate
+    let mut cycles = 0u64;
+    let reason = loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = agent.cycle() {
+                    // A failing cycle is an event; the agent keeps going.
+                    tracing::warn!(error = %format!("{e:#}"), "cycle failed");
+                    let _ = agent.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
+                }
+                cycles += 1;
+            }
+            _ = sigint.recv() => break "SIGINT",
+            _ = sigterm.recv() => break "SIGTERM",
+        }
+    };
+    agent.stop(reason, cycles)?;
+    drop(agent);
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! Minimal reader of kernel BTF (the `.BTF` format of /sys/kernel/btf/vmlinux): just
+//! enough to find struct member offsets and tracepoint prototypes on the running kernel.
+//! aya-obj parses BTF too, but does not expose struct members.
+
+use std::{collections::HashMap, path::Path};
+
+use isolator_common::{KernelOffsets, OFFSETS_HAVE_BLKCG};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error("cannot read BTF {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("BTF {0} is malformed: {1}")]
+    Malformed(String, &'static str),
+    #[error("kernel BTF has no struct {0}")]
+    NoStruct(String),
+    #[error("kernel BTF: struct {0} has no member {1}")]
+    NoMember(String, String),
+    #[error("kernel BTF: {0}.{1} is {2} bytes, expected {3}")]
+    BadSize(String, String, u32, u32),
+}
+
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_FWD: u32 = 7;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_FLOAT: u32 = 16;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+#[derive(Debug, Clone)]
+struct Member {
+    name: u32,
+    type_id: u32,
+    bit_offset: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Type {
+    name: u32,
+    kind: u32,
+    /// size for INT/STRUCT/UNION/ENUM/FLOAT, referenced type for PTR/TYPEDEF/...
+    size_or_type: u32,
+    members: Vec<Member>,
+    /// ARRAY: (element type, nelems)
+    array: Option<(u32, u32)>,
+}
+
+/// Parsed kernel BTF.
+pub struct KernelBtf {
+    source: String,
+    strings: Vec<u8>,
+    /// Index 0 is the implicit `void`.
+    types: Vec<Type>,
+    structs_by_name: HashMap<String, Vec<u32>>,
+    typedefs_by_name: HashMap<String, u32>,
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
+}
+
+impl KernelBtf {
+    pub fn from_file(path: &Path) -> Result<Self, BtfError> {
+        let data = std::fs::read(path).map_err(|source| BtfError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&data, &path.display().to_string())
+    }
+
+    pub fn parse(data: &[u8], source: &str) -> Result<Self, BtfError> {
+        let bad = |why| BtfError::Malformed(source.to_string(), why);
+        if data.len() < 24 || data[0..2] != [0x9f, 0xeb] {
+            return Err(bad("bad magic (only little-endian BTF is supported)"));
+        }
+        let hdr_len = u32_at(data, 4).ok_or_else(|| bad("short header"))? as usize;
+        let type_off = u32_at(data, 8).ok_or_else(|| bad("short header"))? as usize;
+        let type_len = u32_at(data, 12).ok_or_else(|| bad("short header"))? as usize;
+        let str_off = u32_at(data, 16).ok_or_else(|| bad("short header"))? as usize;
+        let str_len = u32_at(data, 20).ok_or_else(|| bad("short header"))? as usize;
+        let tstart = hdr_len + type_off;
+        let sstart = hdr_len + str_off;
+        let tsec = data
+            .get(tstart..tstart + type_len)
+            .ok_or_else(|| bad("type section out of bounds"))?;
+        let strings = data
+            .get(sstart..sstart + str_len)
+            .ok_or_else(|| bad("string section out of bounds"))?
+            .to_vec();
+
+        let mut types = vec![Type {
+            name: 0,
+            kind: 0,
+            size_or_type: 0,
+            members: vec![],
+            array: None,
+        }];
+        let mut pos = 0usize;
+        while pos < tsec.len() {
+            let name = u32_at(tsec, pos).ok_or_else(|| bad("truncated type"))?;
+            let info = u32_at(tsec, pos + 4).ok_or_else(|| bad("truncated type"))?;
+            let size_or_type = u32_at(tsec, pos + 8).ok_or_else(|| bad("truncated type"))?;
+            pos += 12;
+            let vlen = (info & 0xffff) as usize;
+            let kind = (info >> 24) & 0x1f;
+            let kind_flag = info >> 31 == 1;
+            let mut t = Type {
+                name,
+                kind,
+                size_or_type,
+                members: vec![],
+                array: None,
+            };
+            match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => pos += 4,
+                KIND_ARRAY => {
+                    let elem = u32_at(tsec, pos).ok_or_else(|| bad("truncated array"))?;
+                    let n = u32_at(tsec, pos + 8).ok_or_else(|| bad("truncated array"))?;
+                    t.array = Some((elem, n));
+                    pos += 12;
+                }
+                KIND_STRUCT | KIND_UNION => {
+                    for i in 0..vlen {
+                        let m = pos + i * 12;
+                        let off = u32_at(tsec, m + 8).ok_or_else(|| bad("truncated member"))?;
+                        t.members.push(Member {
+                            name: u32_at(tsec, m).ok_or_else(|| bad("truncated member"))?,
+                            type_id: u32_at(tsec, m + 4)
+                                .ok_or_else(|| bad("truncated member"))?,
+                            bit_offset: if kind_flag { off & 0xff_ffff } else { off },
+                        });
+                    }
+                    pos += vlen * 12;
+                }
+                KIND_ENUM => pos += vlen * 8,
+                KIND_FUNC_PROTO => {
+                    for i in 0..vlen {
+                        let m = pos + i * 8;
+                        t.members.push(Member {
+                            name: u32_at(tsec, m).ok_or_else(|| bad("truncated param"))?,
+                            type_id: u32_at(tsec, m + 4).ok_or_else(|| bad("truncated param"))?,
+                            bit_offset: 0,
+                        });
+                    }
+                    pos += vlen * 8;
+                }
+                KIND_DATASEC | KIND_ENUM64 => pos += vlen * 12,
+                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST
+                | KIND_RESTRICT | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
+                _ => return Err(bad("unknown type kind")),
+            }
+            types.push(t);
+        }
+
+        let mut btf = KernelBtf {
+            source: source.to_string(),
+            strings,
+            types,
+            structs_by_name: HashMap::new(),
+            typedefs_by_name: HashMap::new(),
+        };
+        for (id, t) in btf.types.iter().enumerate() {
+            let name = btf.str_at(t.name);
+            if name.is_empty() {
+                continue;
+            }
+            match t.kind {
+                KIND_STRUCT | KIND_UNION => btf
+                    .structs_by_name
+                    .entry(name.to_string())
+                    .or_default()
+                    .push(id as u32),
+                KIND_TYPEDEF => {
+                    btf.typedefs_by_name.insert(name.to_string(), id as u32);
+                }
+                _ => {}
+            }
+        }
+        Ok(btf)
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn str_at(&self, off: u32) -> &str {
+        let s = &self.strings[(off as usize).min(self.strings.len())..];
+        let end = s.iter().position(|&c| c == 0).unwrap_or(s.len());
+        std::str::from_utf8(&s[..end]).unwrap_or("")
+    }
+
+    /// Follows typedefs and qualifiers.
+    fn resolve(&self, mut id: u32) -> u32 {
+        for _ in 0..32 {
+            let Some(t) = self.types.get(id as usize) else {
+                return 0;
+            };
+            match t.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = t.size_or_type
+                }
+                _ => return id,
+            }
+        }
+        0
+    }
+
+    fn size_of(&self, id: u32) -> u32 {
+        let id = self.resolve(id);
+        let Some(t) = self.types.get(id as usize) else {
+            return 0;
+        };
+        match t.kind {
+            KIND_PTR => 8,
+            KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 | KIND_FLOAT => {
+                t.size_or_type
+            }
+            KIND_ARRAY => t
+                .array
+                .map(|(e, n)| self.size_of(e).saturating_mul(n))
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    fn find_struct(&self, name: &str) -> Result<u32, BtfError> {
+        // Prefer a complete definition (forward declarations have no members).
+        self.structs_by_name
+            .get(name)
+            .and_then(|ids| {
+                ids.iter()
+                    .copied()
+                    .max_by_key(|&id| self.types[id as usize].members.len())
+            })
+            .ok_or_else(|| BtfError::NoStruct(name.to_string()))
+    }
+
+    /// Finds a member by name, descending into anonymous structs/unions. Returns the byte
+    /// offset and the member's type id.
+    fn member_in(&self, sid: u32, name: &str) -> Option<(u32, u32)> {
+        let t = &self.types[sid as usize];
+        for m in &t.members {
+            let mname = self.str_at(m.name);
+            if mname == name {
+                return Some((m.bit_offset / 8, m.type_id));
+            }
+            if mname.is_empty() {
+                let inner = self.resolve(m.type_id);
+                let k = self.types.get(inner as usize).map(|t| t.kind);
+                if matches!(k, Some(KIND_STRUCT) | Some(KIND_UNION)) {
+                    if let Some((off, tid)) = self.member_in(inner, name) {
+                        return Some((m.bit_offset / 8 + off, tid));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Byte offset of `structure.member`, checking the member's size when `size` is given.
+    pub fn member_offset(
+        &self,
+        structure: &str,
+        member: &str,
+        size: Option<u32>,
+    ) -> Result<u32, BtfError> {
+        let sid = self.find_struct(structure)?;
+        let (off, tid) = self
+            .member_in(sid, member)
+            .ok_or_else(|| BtfError::NoMember(structure.into(), member.into()))?;
+        if let Some(want) = size {
+            let got = self.size_of(tid);
+            if got != want {
+                return Err(BtfError::BadSize(
+                    structure.into(),
+                    member.into(),
+                    got,
+                    want,
+                ));
+            }
+        }
+        Ok(off)
+    }
+
+    pub fn has_struct(&self, name: &str) -> bool {
+        self.find_struct(name).is_ok()
+    }
+
+    /// Parameter type names of a raw tracepoint (`btf_trace_<name>` typedef), without the
+    /// leading `void *__data`. None if the kernel has no such tracepoint.
+    pub fn tracepoint_params(&self, name: &str) -> Option<Vec<String>> {
+        let td = *self.typedefs_by_name.get(&format!("btf_trace_{name}"))?;
+        let ptr = self.resolve(td);
+        let proto = self.types.get(ptr as usize)?;
+        if proto.kind != KIND_PTR {
+            return None;
+        }
+        let fp = self.types.get(proto.size_or_type as usize)?;
+        if fp.kind != KIND_FUNC_PROTO {
+            return None;
+        }
+        Some(
+            fp.members
+                .iter()
+                .skip(1)
+                .map(|p| self.type_name(p.type_id))
+                .collect(),
+        )
+    }
+
+    fn type_name(&self, id: u32) -> String {
+        let Some(t) = self.types.get(id as usize) else {
+            return "?".into();
+        };
+        match t.kind {
+            KIND_PTR => format!("{}*", self.type_name(t.size_or_type)),
+            KIND_STRUCT => format!("struct {}", self.str_at(t.name)),
+            KIND_UNION => format!("union {}", self.str_at(t.name)),
+            KIND_CONST | KIND_VOLATILE => self.type_name(t.size_or_type),
+            0 if id == 0 => "void".into(),
+            _ => self.str_at(t.name).to_string(),
+        }
+    }
+
+    /// Resolves every offset the eBPF programs need on this kernel.
+    pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
+        let m = |s: &str, f: &str, size: u32| self.member_offset(s, f, Some(size));
+        let mut o = KernelOffsets {
+            rq_q: m("request", "q", 8)?,
+            rq_bio: m("request", "bio", 8)?,
+            rq_cmd_flags: m("request", "cmd_flags", 4)?,
+            rq_data_len: m("request", "__data_len", 4)?,
+            rq_start_time_ns: m("request", "start_time_ns", 8)?,
+            rq_io_start_time_ns: m("request", "io_start_time_ns", 8)?,
+            q_disk: m("request_queue", "disk", 8)?,
+            disk_major: m("gendisk", "major", 4)?,
+            disk_first_minor: m("gendisk", "first_minor", 4)?,
+            ..Default::default()
+        };
+        // Without CONFIG_BLK_CGROUP there is no bio->bi_blkg: everything is unattributed,
+        // which is also what the kernel's accounting says.
+        if let Ok(bi_blkg) = m("bio", "bi_blkg", 8) {
+            o.bio_bi_blkg = bi_blkg;
+            o.blkg_blkcg = m("blkcg_gq", "blkcg", 8)?;
+            o.blkcg_css = self.member_offset("blkcg", "css", None)?;
+            o.css_cgroup = m("cgroup_subsys_state", "cgroup", 8)?;
+            o.cgroup_kn = m("cgroup", "kn", 8)?;
+            o.kn_id = m("kernfs_node", "id", 8)?;
+            o.flags |= OFFSETS_HAVE_BLKCG;
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a tiny BTF blob: struct inner { u32 x; }, struct outer { u64 a; union { u32 b;
+    /// struct inner c; }; }, typedef for a tracepoint.
+    fn blob() -> Vec<u8> {
+        let mut strs = b"\0int\0long\0inner\0x\0outer\0a\0b\0c\0".to_vec();
+        let off = |s: &str, strs: &[u8]| {
+            let needle = format!("\0{s}\0");
+            strs.windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap() as u32
+                + 1
+        };
+        let mut types = Vec::new();
+        let mut push = |v: &[u32]| {
+            for x in v {
+                types.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+        let s = strs.clone();
+        // 1: int (4 bytes)
+        push(&[off("int", &s), KIND_INT << 24, 4, 32]);
+        // 2: long (8 bytes)
+        push(&[off("long", &s), KIND_INT << 24, 8, 64]);
+        // 3: struct inner { int x @0 }
+        push(&[off("inner", &s), (KIND_STRUCT << 24) | 1, 4]);
+        push(&[off("x", &s), 1, 0]);
+        // 4: anonymous union { int b; struct inner c; }
+        push(&[0, (KIND_UNION << 24) | 2, 4]);
+        push(&[off("b", &s), 1, 0]);
+        push(&[off("c", &s), 3, 0]);
+        // 5: struct outer { long a @0; union @64 bits }
+        push(&[off("outer", &s), (KIND_STRUCT << 24) | 2, 16]);
+        push(&[off("a", &s), 2, 0]);
+        push(&[0, 4, 64]);
+        let mut out = vec![0x9f, 0xeb, 1, 0];
+        out.extend_from_slice(&24u32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(types.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(types.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(strs.len() as u32).to_le_bytes());
+        out.extend_from_slice(&types);
+        out.append(&mut strs);
+        out
+    }
+
+    #[test]
+    fn finds_members_through_anonymous_unions() {
+        let btf = KernelBtf::parse(&blob(), "test").unwrap();
+        assert_eq!(btf.member_offset("outer", "a", Some(8)).unwrap(), 0);
+        assert_eq!(btf.member_offset("outer", "b", Some(4)).unwrap(), 8);
+        assert_eq!(btf.member_offset("outer", "c", Some(4)).unwrap(), 8);
+        assert!(matches!(
+            btf.member_offset("outer", "a", Some(4)),
+            Err(BtfError::BadSize(..))
+        ));
+        assert!(matches!(
+            btf.member_offset("outer", "zz", None),
+            Err(BtfError::NoMember(..))
+        ));
+        assert!(matches!(
+            btf.member_offset("nope", "a", None),
+            Err(BtfError::NoStruct(..))
+        ));
+    }
+
+    #[test]
+    fn rejects_garbage_without_panicking() {
+        assert!(KernelBtf::parse(b"hello", "x").is_err());
+        let mut b = blob();
+        b.truncate(40);
+        assert!(KernelBtf::parse(&b, "x").is_err());
+    }
+
+    #[test]
+    fn running_kernel_offsets_resolve() {
+        let p = Path::new("/sys/kernel/btf/vmlinux");
+        let btf = KernelBtf::from_file(p).expect("kernel BTF at /sys/kernel/btf/vmlinux");
+        let o = btf.kernel_offsets().expect("offsets");
+        assert!(o.flags & OFFSETS_HAVE_BLKCG != 0);
+        let params = btf.tracepoint_params("block_rq_complete").unwrap();
+        assert_eq!(params[0], "struct request*");
+        assert_eq!(params.len(), 3);
+    }
+}

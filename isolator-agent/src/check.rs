@@ -1,0 +1,217 @@
+//! `isolator check`: is this host ready? Each item says what was found and, when it is not
+//! ready, what to do.
+
+use std::path::Path;
+
+use crate::{
+    cgroupfs::{CgroupMode, IoHierarchy},
+    privileges,
+    probe::{self, Probe},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+    /// What to do about a warning or failure.
+    pub fix: Option<String>,
+}
+
+fn item(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Item {
+    Item {
+        name,
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_string),
+    }
+}
+
+pub fn run_checks(btf_path: &Path) -> Vec<Item> {
+    use Status::*;
+    let mut items = Vec::new();
+
+    let release = privileges::kernel_release();
+    items.push(match privileges::kernel_version(&release) {
+        Some(v) if v >= (5, 12) => item("kernel", Ok, format!("Linux {release}"), None),
+        _ => item(
+            "kernel",
+            Fail,
+            format!("Linux {release}"),
+            Some("isolator needs Linux >= 5.12 (BPF atomics, bio blkg); upgrade the kernel"),
+        ),
+    });
+
+    let caps = privileges::effective_caps();
+    let privileged = privileges::can_load_bpf(caps);
+    items.push(if privileged {
+        item("privileges", Ok, format!("CapEff {caps:#x}"), None)
+    } else {
+        item(
+            "privileges",
+            Fail,
+            format!("CapEff {caps:#x}"),
+            Some("run as root (or with CAP_BPF and CAP_PERFMON)"),
+        )
+    });
+
+    items.push(match privileges::raise_memlock() {
+        Result::Ok(()) => item("memlock", Ok, "RLIMIT_MEMLOCK raised", None),
+        Err(e) => item(
+            "memlock",
+            if privileges::kernel_version(&release) >= Some((5, 11)) { Ok } else { Fail },
+            format!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on >= 5.11 (memcg accounting)"),
+            Some("on kernels < 5.11 run with CAP_SYS_RESOURCE"),
+        ),
+    });
+
+    let btf = match probe::load_btf(btf_path) {
+        Result::Ok(b) => b,
+        Err(e) => {
+            items.push(item("btf", Fail, e.to_string(), Some("see the message")));
+            return items;
+        }
+    };
+    match btf.kernel_offsets() {
+        Result::Ok(o) => items.push(item(
+            "btf",
+            Ok,
+            format!(
+                "{}: request.bio@{} .io_start_time_ns@{} .start_time_ns@{}, bio.bi_blkg@{}, kernfs_node.id@{}",
+                btf.source(),
+                o.rq_bio,
+                o.rq_io_start_time_ns,
+                o.rq_start_time_ns,
+                o.bio_bi_blkg,
+                o.kn_id
+            ),
+            None,
+        )),
+        Err(e) => items.push(item(
+            "btf",
+            Fail,
+            e.to_string(),
+            Some("this kernel's block structs are not supported; report the kernel version"),
+        )),
+    }
+
+    let tracefs = std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(2) == Some("tracefs")))
+        .unwrap_or(false);
+    items.push(match probe::check_tracepoints(&btf) {
+        Result::Ok(()) => item(
+            "tracepoints",
+            Ok,
+            format!(
+                "block_rq_{{insert,issue,complete,requeue}} as raw tracepoints (no tracefs needed; tracefs {})",
+                if tracefs { "mounted" } else { "not mounted" }
+            ),
+            None,
+        ),
+        Err(e) => item("tracepoints", Fail, e.to_string(), Some("see the message")),
+    });
+
+    if privileged {
+        items.push(match Probe::load(&btf) {
+            Result::Ok(_p) => item("load", Ok, "programs loaded, verified and attached (then detached)", None),
+            Err(e) => item("load", Fail, e.to_string(), Some("see the message")),
+        });
+    }
+
+    match IoHierarchy::detect() {
+        Result::Ok(h) => {
+            let root = h.root.display().to_string();
+            let (knobs, fix): (Vec<&str>, _) = match h.mode {
+                CgroupMode::V1 => (
+                    vec![
+                        "blkio.throttle.read_bps_device",
+                        "blkio.throttle.write_bps_device",
+                        "blkio.throttle.read_iops_device",
+                        "blkio.throttle.write_iops_device",
+                        "blkio.bfq.weight",
+                    ],
+                    "mount the blkio controller (mount -t cgroup -o blkio none /sys/fs/cgroup/blkio)",
+                ),
+                CgroupMode::V2 => (
+                    vec!["io.max", "io.weight", "io.stat"],
+                    "enable the io controller: echo +io > /sys/fs/cgroup/cgroup.subtree_control",
+                ),
+            };
+            let probe_dir = if h.mode == CgroupMode::V2 {
+                // Root has no io.max; look at any child cgroup.
+                std::fs::read_dir(&h.root)
+                    .ok()
+                    .and_then(|rd| {
+                        rd.flatten()
+                            .map(|e| e.path())
+                            .find(|p| p.join("io.max").exists())
+                    })
+                    .unwrap_or(h.root.clone())
+            } else {
+                h.root.clone()
+            };
+            let mut present = vec![];
+            let mut missing = vec![];
+            for k in &knobs {
+                let p = probe_dir.join(k);
+                let writable = std::fs::metadata(&p)
+                    .map(|m| !m.permissions().readonly())
+                    .unwrap_or(false);
+                if writable {
+                    present.push(*k)
+                } else {
+                    missing.push(*k)
+                }
+            }
+            let mode = match h.mode {
+                CgroupMode::V1 => "v1 (blkio)",
+                CgroupMode::V2 => "v2 (io)",
+            };
+            items.push(item("cgroup", Ok, format!("{mode} at {root}"), None));
+            let status = if present.is_empty() {
+                Fail
+            } else if missing.is_empty() {
+                Ok
+            } else {
+                Warn
+            };
+            let mut detail = format!("writable: {}", present.join(", "));
+            if !missing.is_empty() {
+                detail.push_str(&format!("; absent: {}", missing.join(", ")));
+            }
+            let fix = match (h.mode, status) {
+                (CgroupMode::V1, Warn) => Some("blkio.bfq.weight needs the bfq scheduler on the disk (echo bfq > /sys/block/DISK/queue/scheduler); throttling works without it"),
+                (_, Ok) => None,
+                _ => Some(fix),
+            };
+            items.push(item("controller", status, detail, fix));
+        }
+        Err(e) => items.push(item("cgroup", Fail, e.to_string(), Some("see the message"))),
+    }
+    items
+}
+
+pub fn render(items: &[Item]) -> String {
+    let mut s = String::new();
+    for i in items {
+        let tag = match i.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        };
+        s.push_str(&format!("{tag}  {:<12} {}\n", i.name, i.detail));
+        if i.status != Status::Ok {
+            if let Some(f) = &i.fix {
+                s.push_str(&format!("      {:<12} fix: {f}\n", ""));
+            }
+        }
+    }
+    s
+}

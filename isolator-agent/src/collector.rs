@@ -1,0 +1,285 @@
+//! Reads the eBPF maps once per cycle and diffs them into a [`Snapshot`]: what happened in
+//! the cycle per (cgroup, disk, op). Keys of cgroups that no longer exist are removed from
+//! the maps so they cannot grow without bound.
+
+use std::collections::{HashMap, HashSet};
+
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
+    Ebpf,
+};
+use isolator_common::{
+    IoKey, IoStats, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_INFLIGHT_PEAK, MAP_STATS,
+    STATE_MAP_FULL, STATE_PREEXISTING,
+};
+
+/// Sparse histogram delta: (bucket index, count), ascending by index.
+pub type SparseHist = Vec<(u16, u64)>;
+
+/// What one (cgroup, disk, op) did during one cycle.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyDelta {
+    pub key: IoKey,
+    pub ios: u64,
+    pub bytes: u64,
+    pub lat_count: u64,
+    pub lat_sum_ns: u64,
+    pub queue_count: u64,
+    pub queue_sum_ns: u64,
+    pub lat_hist: SparseHist,
+    pub queue_hist: SparseHist,
+    /// Requests in flight at the end of the cycle (clamped at 0).
+    pub inflight_now: u64,
+    /// Most requests in flight at once during the cycle.
+    pub inflight_peak: u64,
+}
+
+impl KeyDelta {
+    pub fn is_idle(&self) -> bool {
+        self.ios == 0 && self.bytes == 0 && self.queue_count == 0 && self.inflight_peak == 0
+    }
+}
+
+/// One cycle's worth of deltas.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub cycle: u64,
+    /// Length of the cycle actually measured, in ns (monotonic clock).
+    pub interval_ns: u64,
+    pub deltas: Vec<KeyDelta>,
+    /// Completions of requests issued before the programs were attached (cumulative).
+    pub preexisting_completions: u64,
+    /// Map inserts that failed because a map was full (cumulative): data was lost.
+    pub map_full: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("eBPF map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("reading eBPF map {0}: {1}")]
+    Map(&'static str, aya::maps::MapError),
+}
+
+/// Summed cumulative counters of one key, as last read.
+#[derive(Clone)]
+struct Cumulative {
+    ios: u64,
+    bytes: u64,
+    lat_count: u64,
+    lat_sum_ns: u64,
+    queue_count: u64,
+    queue_sum_ns: u64,
+    lat_hist: Box<[u32; HIST_BUCKETS]>,
+    queue_hist: Box<[u32; HIST_BUCKETS]>,
+}
+
+impl Cumulative {
+    fn zero() -> Self {
+        Cumulative {
+            ios: 0,
+            bytes: 0,
+            lat_count: 0,
+            lat_sum_ns: 0,
+            queue_count: 0,
+            queue_sum_ns: 0,
+            lat_hist: Box::new([0; HIST_BUCKETS]),
+            queue_hist: Box::new([0; HIST_BUCKETS]),
+        }
+    }
+
+    fn sum(values: &[IoStats]) -> Self {
+        let mut c = Cumulative::zero();
+        for v in values {
+            c.ios = c.ios.wrapping_add(v.ios);
+            c.bytes = c.bytes.wrapping_add(v.bytes);
+            c.lat_count = c.lat_count.wrapping_add(v.lat_count);
+            c.lat_sum_ns = c.lat_sum_ns.wrapping_add(v.lat_sum_ns);
+            c.queue_count = c.queue_count.wrapping_add(v.queue_count);
+            c.queue_sum_ns = c.queue_sum_ns.wrapping_add(v.queue_sum_ns);
+            for i in 0..HIST_BUCKETS {
+                c.lat_hist[i] = c.lat_hist[i].wrapping_add(v.lat_hist[i]);
+                c.queue_hist[i] = c.queue_hist[i].wrapping_add(v.queue_hist[i]);
+            }
+        }
+        c
+    }
+}
+
+fn hist_delta(now: &[u32; HIST_BUCKETS], prev: &[u32; HIST_BUCKETS]) -> SparseHist {
+    now.iter()
+        .zip(prev.iter())
+        .enumerate()
+        .filter_map(|(i, (n, p))| {
+            let d = n.wrapping_sub(*p);
+            (d != 0).then_some((i as u16, d as u64))
+        })
+        .collect()
+}
+
+fn diff(key: IoKey, now: &Cumulative, prev: &Cumulative) -> KeyDelta {
+    KeyDelta {
+        key,
+        ios: now.ios.wrapping_sub(prev.ios),
+        bytes: now.bytes.wrapping_sub(prev.bytes),
+        lat_count: now.lat_count.wrapping_sub(prev.lat_count),
+        lat_sum_ns: now.lat_sum_ns.wrapping_sub(prev.lat_sum_ns),
+        queue_count: now.queue_count.wrapping_sub(prev.queue_count),
+        queue_sum_ns: now.queue_sum_ns.wrapping_sub(prev.queue_sum_ns),
+        lat_hist: hist_delta(&now.lat_hist, &prev.lat_hist),
+        queue_hist: hist_delta(&now.queue_hist, &prev.queue_hist),
+        inflight_now: 0,
+        inflight_peak: 0,
+    }
+}
+
+pub struct Collector {
+    stats: PerCpuHashMap<MapData, IoKey, IoStats>,
+    inflight: BpfHashMap<MapData, IoKey, i64>,
+    peak: BpfHashMap<MapData, IoKey, i64>,
+    state: Array<MapData, u64>,
+    prev: HashMap<IoKey, Cumulative>,
+    cycle: u64,
+    last_read_ns: u64,
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Collector {
+    /// Takes the maps out of the loaded object (the programs stay attached in `ebpf`).
+    pub fn new(ebpf: &mut Ebpf) -> Result<Self, CollectError> {
+        fn take<T>(
+            ebpf: &mut Ebpf,
+            name: &'static str,
+        ) -> Result<T, CollectError>
+        where
+            T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+        {
+            let m = ebpf.take_map(name).ok_or(CollectError::MissingMap(name))?;
+            T::try_from(m).map_err(|e| CollectError::Map(name, e))
+        }
+        let mut c = Collector {
+            stats: take(ebpf, MAP_STATS)?,
+            inflight: take(ebpf, MAP_INFLIGHT)?,
+            peak: take(ebpf, MAP_INFLIGHT_PEAK)?,
+            state: take(ebpf, MAP_AGENT_STATE)?,
+            prev: HashMap::new(),
+            cycle: 0,
+            last_read_ns: monotonic_ns(),
+        };
+        // Baseline: whatever is already counted belongs to no cycle.
+        c.collect()?;
+        c.cycle = 0;
+        Ok(c)
+    }
+
+    /// Reads and diffs all maps into the next cycle's snapshot.
+    pub fn collect(&mut self) -> Result<Snapshot, CollectError> {
+        let now_ns = monotonic_ns();
+        let interval_ns = now_ns.saturating_sub(self.last_read_ns).max(1);
+        self.last_read_ns = now_ns;
+        self.cycle += 1;
+
+        let keys: Vec<IoKey> = self.stats.keys().filter_map(Result::ok).collect();
+        let mut deltas = Vec::with_capacity(keys.len());
+        let mut seen = HashSet::with_capacity(keys.len());
+        for key in keys {
+            let values = match self.stats.get(&key, 0) {
+                Ok(v) => v,
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(e) => return Err(CollectError::Map(MAP_STATS, e)),
+            };
+            let now = Cumulative::sum(&values);
+            let zero = Cumulative::zero();
+            let prev = self.prev.get(&key).unwrap_or(&zero);
+            deltas.push(diff(key, &now, prev));
+            self.prev.insert(key, now);
+            seen.insert(key);
+        }
+        // Keys removed from the maps (by forget()) drop their baseline too.
+        self.prev.retain(|k, _| seen.contains(k));
+
+        let inflight: HashMap<IoKey, i64> =
+            self.inflight.iter().filter_map(Result::ok).collect();
+        let peaks: HashMap<IoKey, i64> = self.peak.iter().filter_map(Result::ok).collect();
+        for (key, now) in &inflight {
+            if !seen.contains(key) {
+                // In flight but nothing completed or queued yet: still worth reporting.
+                deltas.push(KeyDelta {
+                    key: *key,
+                    ..Default::default()
+                });
+            }
+            // The next cycle's peak starts from the current level.
+            let _ = self.peak.insert(key, (*now).max(0), 0);
+        }
+        for d in &mut deltas {
+            let now = inflight.get(&d.key).copied().unwrap_or(0).max(0) as u64;
+            d.inflight_now = now;
+            d.inflight_peak = peaks
+                .get(&d.key)
+                .copied()
+                .unwrap_or(0)
+                .max(0)
+                .max(now as i64) as u64;
+        }
+        deltas.sort_by_key(|d| d.key);
+
+        Ok(Snapshot {
+            cycle: self.cycle,
+            interval_ns,
+            deltas,
+            preexisting_completions: self.state.get(&STATE_PREEXISTING, 0).unwrap_or(0),
+            map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
+        })
+    }
+
+    /// Removes every key of `cgroup_id` from the maps (the cgroup no longer exists).
+    pub fn forget_cgroup(&mut self, cgroup_id: u64) {
+        let keys: Vec<IoKey> = self
+            .stats
+            .keys()
+            .filter_map(Result::ok)
+            .chain(self.inflight.keys().filter_map(Result::ok))
+            .filter(|k| k.cgroup_id == cgroup_id)
+            .collect();
+        for k in keys {
+            let _ = self.stats.remove(&k);
+            let _ = self.inflight.remove(&k);
+            let _ = self.peak.remove(&k);
+            self.prev.remove(&k);
+        }
+    }
+
+    /// Number of keys currently held in the stats map.
+    pub fn tracked_keys(&self) -> usize {
+        self.prev.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_wraps_u32_histogram_counters() {
+        let mut prev = Cumulative::zero();
+        let mut now = Cumulative::zero();
+        prev.lat_hist[7] = u32::MAX - 1;
+        now.lat_hist[7] = 3; // wrapped: 5 new samples
+        now.lat_hist[9] = 2;
+        prev.ios = 10;
+        now.ios = 17;
+        let d = diff(IoKey::default(), &now, &prev);
+        assert_eq!(d.lat_hist, vec![(7, 5), (9, 2)]);
+        assert_eq!(d.ios, 7);
+    }
+}

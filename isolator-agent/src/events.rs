@@ -1,0 +1,135 @@
+//! The event stream: one JSON object per line (NDJSON). Its schema is documented in
+//! docs/events.md; bump [`SCHEMA_VERSION`] on any incompatible change.
+
+use std::{
+    fs::OpenOptions,
+    io::{self, BufWriter, Write},
+    path::Path,
+    time::SystemTime,
+};
+
+use serde::Serialize;
+
+use crate::{cgroupfs::CgroupMode, metrics::OpStats};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A cgroup as the events name it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CgroupRef {
+    /// kernfs id (inode of the cgroup directory); 0 = unattributed.
+    pub id: u64,
+    /// Path relative to the io/blkio hierarchy root; null when unknown.
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceStats {
+    /// "major:minor" of the whole disk.
+    pub dev: String,
+    /// Kernel name of the disk (e.g. "vda"), when known.
+    pub disk: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<OpStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write: Option<OpStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other: Option<OpStats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Totals {
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    pub iops: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    AgentStart {
+        version: String,
+        pid: u32,
+        kernel: String,
+        cgroup_mode: CgroupMode,
+        cgroup_root: String,
+        attach: String,
+        interval_s: f64,
+    },
+    CgroupStats {
+        cycle: u64,
+        interval_s: f64,
+        cgroup: CgroupRef,
+        totals: Totals,
+        devices: Vec<DeviceStats>,
+    },
+    CgroupGone {
+        cycle: u64,
+        cgroup: CgroupRef,
+    },
+    CycleEnd {
+        cycle: u64,
+        interval_s: f64,
+        cgroups: usize,
+        tracked_keys: usize,
+        preexisting_completions: u64,
+        map_full: u64,
+        collect_us: u64,
+    },
+    Warning {
+        code: String,
+        message: String,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+    AgentStop {
+        reason: String,
+        cycles: u64,
+    },
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    schema: u32,
+    ts: String,
+    #[serde(flatten)]
+    event: &'a Event,
+}
+
+/// Writes events as NDJSON.
+pub struct NdjsonSink {
+    out: Box<dyn Write + Send>,
+}
+
+impl NdjsonSink {
+    pub fn stdout() -> Self {
+        NdjsonSink {
+            out: Box::new(BufWriter::new(io::stdout())),
+        }
+    }
+
+    pub fn file(path: &Path) -> io::Result<Self> {
+        let f = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(NdjsonSink {
+            out: Box::new(BufWriter::new(f)),
+        })
+    }
+
+    pub fn emit(&mut self, event: &Event) -> io::Result<()> {
+        let env = Envelope {
+            schema: SCHEMA_VERSION,
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            event,
+        };
+        serde_json::to_writer(&mut self.out, &env)?;
+        self.out.write_all(b"\n")
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}

@@ -1,0 +1,14 @@
+//! isolator: per-cgroup block I/O observation (and, later, SLO enforcement) with eBPF.
+//!
+//! Data flows one way: kernel -> [`probe`]/[`collector`] -> registry ([`cgroupfs`]) ->
+//! [`metrics`] -> [`events`] sinks.
+
+pub mod agent;
+pub mod btf;
+pub mod cgroupfs;
+pub mod check;
+pub mod collector;
+pub mod events;
+pub mod metrics;
+pub mod privileges;
+pub mod probe;

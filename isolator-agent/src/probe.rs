@@ -1,0 +1,108 @@
+//! Loads the embedded eBPF object with this kernel's struct offsets and attaches it to the
+//! block request tracepoints as raw tracepoints (no tracefs needed).
+
+use std::path::Path;
+
+use aya::{programs::RawTracePoint, Ebpf, EbpfLoader};
+use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, PROGRAMS};
+
+use crate::btf::{BtfError, KernelBtf};
+
+/// The eBPF object, built by build.rs from isolator-ebpf.
+pub static EBPF_OBJECT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/isolator.bpf.o"));
+
+pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("kernel BTF not found at {0}; boot a kernel built with CONFIG_DEBUG_INFO_BTF=y or pass --btf PATH to a BTF file for this kernel")]
+    NoBtf(String),
+    #[error("{0}; this kernel's block layer is not supported (pass --btf with a matching BTF file)")]
+    Btf(#[from] BtfError),
+    #[error("kernel has no raw tracepoint {0}: needs a kernel with block tracepoints (CONFIG_BLK_DEV_IO_TRACE or CONFIG_EVENT_TRACING)")]
+    NoTracepoint(String),
+    #[error("tracepoint {0} has arguments ({1}), expected struct request* first")]
+    TracepointShape(String, String),
+    #[error("loading the eBPF object failed: {0}; run 'isolator check' to see what is missing")]
+    Load(String),
+    #[error("attaching {0} failed: {1}; run 'isolator check'")]
+    Attach(String, String),
+}
+
+/// Loaded and attached programs; dropping it detaches everything.
+pub struct Probe {
+    pub ebpf: Ebpf,
+    pub offsets: KernelOffsets,
+}
+
+/// Checks the tracepoints the programs need exist with the expected first argument.
+pub fn check_tracepoints(btf: &KernelBtf) -> Result<(), ProbeError> {
+    for (_, tp) in PROGRAMS {
+        let params = btf
+            .tracepoint_params(tp)
+            .ok_or_else(|| ProbeError::NoTracepoint(tp.to_string()))?;
+        if params.first().map(String::as_str) != Some("struct request*") {
+            return Err(ProbeError::TracepointShape(tp.to_string(), params.join(", ")));
+        }
+        if tp == "block_rq_complete" && params.len() != 3 {
+            return Err(ProbeError::TracepointShape(tp.to_string(), params.join(", ")));
+        }
+    }
+    Ok(())
+}
+
+pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
+    if !path.exists() {
+        return Err(ProbeError::NoBtf(path.display().to_string()));
+    }
+    Ok(KernelBtf::from_file(path)?)
+}
+
+impl Probe {
+    pub fn load(btf: &KernelBtf) -> Result<Self, ProbeError> {
+        let offsets = btf.kernel_offsets()?;
+        check_tracepoints(btf)?;
+        let mut ebpf = EbpfLoader::new()
+            // The programs use no CO-RE relocations; offsets come in OFFSETS.
+            .btf(None)
+            .override_global(OFFSETS_GLOBAL, &offsets, true)
+            .load(EBPF_OBJECT)
+            .map_err(|e| ProbeError::Load(error_chain(&e)))?;
+        // Completion before issue: a request is never counted in flight without a program
+        // to take it out again.
+        for (prog, tp) in PROGRAMS {
+            let p: &mut RawTracePoint = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| ProbeError::Load(format!("program {prog} missing from object")))?
+                .try_into()
+                .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))?;
+            p.load()
+                .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
+            p.attach(tp)
+                .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
+        }
+        Ok(Probe { ebpf, offsets })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let cs = c.to_string();
+        if !s.contains(&cs) {
+            s.push_str(": ");
+            s.push_str(&cs);
+        }
+        src = c.source();
+    }
+    // Verifier logs are multi-line; keep the error one line and the log in debug output.
+    if let Some(first) = s.lines().next() {
+        if s.lines().count() > 1 {
+            tracing::debug!(log = %s, "full eBPF load error");
+            return format!("{first} (verifier log in --log-level debug)");
+        }
+    }
+    s
+}

@@ -1,0 +1,380 @@
+//! Block request tracing: per (cgroup, disk, op) latency/queue-time histograms, counts and
+//! bytes in per-CPU maps, plus in-flight counters. No per-request data leaves the kernel.
+//!
+//! Timing reads the request's own timestamps (`io_start_time_ns`, `start_time_ns`) at
+//! completion/issue; a timestamp map keyed by request pointer is used only on devices whose
+//! queue does not fill them (learned at the first completion that lacks one).
+//!
+//! Attribution: `rq->bio->bi_blkg->blkcg->css.cgroup->kn->id`, the blkcg the kernel
+//! charges the request to. Struct offsets come from the running kernel's BTF (OFFSETS).
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering::Relaxed};
+
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{map, raw_tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    programs::RawTracePointContext,
+};
+use isolator_common::{
+    kernel_dev, latency_bucket, IoKey, IoStats, KernelOffsets, HIST_BUCKETS, OFFSETS_HAVE_BLKCG,
+    OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ,
+    REQ_OP_WRITE, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_PREEXISTING, UNATTRIBUTED_CGROUP,
+};
+
+#[no_mangle]
+static OFFSETS: KernelOffsets = KernelOffsets {
+    rq_q: 0,
+    rq_bio: 0,
+    rq_cmd_flags: 0,
+    rq_data_len: 0,
+    rq_start_time_ns: 0,
+    rq_io_start_time_ns: 0,
+    q_disk: 0,
+    disk_major: 0,
+    disk_first_minor: 0,
+    bio_bi_blkg: 0,
+    blkg_blkcg: 0,
+    blkcg_css: 0,
+    css_cgroup: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    flags: 0,
+};
+
+const MAX_KEYS: u32 = 16384;
+const BPF_F_NO_PREALLOC: u32 = 1;
+const BPF_NOEXIST: u64 = 1;
+
+#[map(name = "IO_STATS")]
+static IO_STATS: PerCpuHashMap<IoKey, IoStats> =
+    PerCpuHashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+
+/// Source of a zeroed IoStats for inserts (too large for the 512-byte stack).
+#[map(name = "ZERO_STATS")]
+static ZERO_STATS: PerCpuArray<IoStats> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "INFLIGHT")]
+static INFLIGHT: HashMap<IoKey, i64> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+
+#[map(name = "INFLIGHT_PEAK")]
+static INFLIGHT_PEAK: HashMap<IoKey, i64> =
+    HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+
+/// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
+#[map(name = "ISSUE_TS")]
+static ISSUE_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+/// Fallback insert timestamps, only for requests whose start_time_ns is not set.
+#[map(name = "INSERT_TS")]
+static INSERT_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+#[map(name = "FALLBACK_DEVS")]
+static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+
+#[map(name = "AGENT_STATE")]
+static AGENT_STATE: Array<u64> = Array::with_max_entries(4, 0);
+
+#[inline(always)]
+fn offsets() -> KernelOffsets {
+    // SAFETY: read of a frozen read-only global the loader filled in.
+    unsafe { core::ptr::read_volatile(&OFFSETS) }
+}
+
+#[inline(always)]
+unsafe fn read_at<T>(base: u64, off: u32) -> Option<T> {
+    if base == 0 {
+        return None;
+    }
+    bpf_probe_read_kernel((base + off as u64) as *const T).ok()
+}
+
+struct Request {
+    key: IoKey,
+    passthrough: bool,
+}
+
+#[inline(always)]
+unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
+    let cmd_flags: u32 = read_at(rq, o.rq_cmd_flags)?;
+    let req_op = cmd_flags & REQ_OP_MASK;
+    let op = match req_op {
+        REQ_OP_READ => OP_READ,
+        REQ_OP_WRITE => OP_WRITE,
+        _ => OP_OTHER,
+    };
+    let q: u64 = read_at(rq, o.rq_q)?;
+    let disk: u64 = read_at(q, o.q_disk).unwrap_or(0);
+    let dev = if disk != 0 {
+        let major: i32 = read_at(disk, o.disk_major).unwrap_or(0);
+        let minor: i32 = read_at(disk, o.disk_first_minor).unwrap_or(0);
+        kernel_dev(major as u32, minor as u32)
+    } else {
+        0
+    };
+    Some(Request {
+        key: IoKey {
+            cgroup_id: charged_cgroup(o, rq),
+            dev,
+            op,
+        },
+        passthrough: req_op == REQ_OP_DRV_IN || req_op == REQ_OP_DRV_OUT,
+    })
+}
+
+/// The cgroup the kernel charges the request to: its first bio's blkg.
+#[inline(always)]
+unsafe fn charged_cgroup(o: &KernelOffsets, rq: u64) -> u64 {
+    if o.flags & OFFSETS_HAVE_BLKCG == 0 {
+        return UNATTRIBUTED_CGROUP;
+    }
+    let Some(bio) = read_at::<u64>(rq, o.rq_bio) else {
+        return UNATTRIBUTED_CGROUP;
+    };
+    let Some(blkg) = read_at::<u64>(bio, o.bio_bi_blkg) else {
+        return UNATTRIBUTED_CGROUP;
+    };
+    let Some(blkcg) = read_at::<u64>(blkg, o.blkg_blkcg) else {
+        return UNATTRIBUTED_CGROUP;
+    };
+    let Some(cgroup) = read_at::<u64>(blkcg, o.blkcg_css + o.css_cgroup) else {
+        return UNATTRIBUTED_CGROUP;
+    };
+    let Some(kn) = read_at::<u64>(cgroup, o.cgroup_kn) else {
+        return UNATTRIBUTED_CGROUP;
+    };
+    read_at::<u64>(kn, o.kn_id).unwrap_or(UNATTRIBUTED_CGROUP)
+}
+
+#[inline(always)]
+fn stats_for(key: &IoKey) -> Option<*mut IoStats> {
+    if let Some(p) = IO_STATS.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let zero = ZERO_STATS.get_ptr(0)?;
+    // SAFETY: ZERO_STATS is never written, so it stays all zeroes.
+    if IO_STATS.insert(key, unsafe { &*zero }, BPF_NOEXIST).is_err() {
+        // EEXIST from a racing insert on another CPU is fine; anything else is a full map.
+        if IO_STATS.get_ptr_mut(key).is_none() {
+            count_state(STATE_MAP_FULL);
+            return None;
+        }
+    }
+    IO_STATS.get_ptr_mut(key)
+}
+
+#[inline(always)]
+fn count_state(slot: u32) {
+    if let Some(p) = AGENT_STATE.get_ptr_mut(slot) {
+        // SAFETY: valid map value pointer; atomic because the array is shared by all CPUs.
+        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, 1) };
+    }
+}
+
+#[inline(always)]
+fn counter(map: &HashMap<IoKey, i64>, key: &IoKey) -> Option<*mut i64> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let _ = map.insert(key, 0i64, BPF_NOEXIST);
+    map.get_ptr_mut(key)
+}
+
+/// Atomically adds `delta` to a shared counter and returns the new value.
+#[inline(always)]
+fn add_shared(p: *mut i64, delta: i64) -> i64 {
+    // SAFETY: p is a valid map value pointer; the map is shared by all CPUs.
+    unsafe { atomic_xadd::<i64, i64, { Relaxed }>(p, delta) + delta }
+}
+
+#[inline(always)]
+fn first_issue_ns() -> u64 {
+    match AGENT_STATE.get(STATE_FIRST_ISSUE_NS) {
+        Some(v) => *v,
+        None => 0,
+    }
+}
+
+/// block_rq_insert(struct request *rq): only needed when the request has no start time.
+#[raw_tracepoint(tracepoint = "block_rq_insert")]
+pub fn block_rq_insert(ctx: RawTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let o = offsets();
+    let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    if start == 0 {
+        let now = unsafe { bpf_ktime_get_ns() };
+        let _ = INSERT_TS.insert(rq, now, 0);
+    }
+    0
+}
+
+/// block_rq_issue(struct request *rq): queue time, in-flight +1, fallback issue time.
+#[raw_tracepoint(tracepoint = "block_rq_issue")]
+pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let o = offsets();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(req) = (unsafe { describe(&o, rq) }) else {
+        return 0;
+    };
+    if first_issue_ns() == 0 {
+        if let Some(p) = AGENT_STATE.get_ptr_mut(STATE_FIRST_ISSUE_NS) {
+            // SAFETY: valid map value pointer; first writer wins.
+            let _ = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(p, 0, now) };
+        }
+    }
+    if FALLBACK_DEVS.get_ptr(req.key.dev).is_some() {
+        let _ = ISSUE_TS.insert(rq, now, 0);
+    }
+
+    let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    let queue_ns = if start != 0 && start <= now {
+        Some(now - start)
+    } else if let Some(t) = unsafe { INSERT_TS.get(rq) } {
+        let t = *t;
+        let _ = INSERT_TS.remove(rq);
+        if t <= now {
+            Some(now - t)
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+
+    if let Some(q) = queue_ns {
+        if let Some(s) = stats_for(&req.key) {
+            let idx = latency_bucket(q);
+            // SAFETY: s points at this CPU's value; idx < HIST_BUCKETS by construction.
+            unsafe {
+                (*s).queue_count += 1;
+                (*s).queue_sum_ns += q;
+                if idx < HIST_BUCKETS {
+                    (*s).queue_hist[idx] = (*s).queue_hist[idx].wrapping_add(1);
+                }
+            }
+        }
+    }
+
+    if let Some(c) = counter(&INFLIGHT, &req.key) {
+        let n = add_shared(c, 1);
+        if let Some(p) = counter(&INFLIGHT_PEAK, &req.key) {
+            // A lost race here under-reports the peak by one request at most.
+            unsafe {
+                if n > core::ptr::read_volatile(p) {
+                    core::ptr::write_volatile(p, n);
+                }
+            }
+        }
+    }
+    0
+}
+
+/// Was this request counted in flight by block_rq_issue? Requests issued before the
+/// programs were attached were not.
+#[inline(always)]
+fn issued_since_attach(issue_ns: u64) -> bool {
+    let first = first_issue_ns();
+    first != 0 && issue_ns >= first
+}
+
+/// block_rq_requeue(struct request *rq): it will be issued again.
+#[raw_tracepoint(tracepoint = "block_rq_requeue")]
+pub fn block_rq_requeue(ctx: RawTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let o = offsets();
+    let Some(req) = (unsafe { describe(&o, rq) }) else {
+        return 0;
+    };
+    let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
+    let counted = if io_start != 0 {
+        issued_since_attach(io_start)
+    } else {
+        let hit = unsafe { ISSUE_TS.get(rq) }.is_some();
+        let _ = ISSUE_TS.remove(rq);
+        hit
+    };
+    if counted {
+        if let Some(c) = counter(&INFLIGHT, &req.key) {
+            add_shared(c, -1);
+        }
+    }
+    0
+}
+
+/// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).
+#[raw_tracepoint(tracepoint = "block_rq_complete")]
+pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let nr_bytes: u64 = ctx.arg::<u64>(2) & 0xffff_ffff;
+    let o = offsets();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(req) = (unsafe { describe(&o, rq) }) else {
+        return 0;
+    };
+    // blk_update_request() traces before it consumes nr_bytes: the request is done when
+    // nr_bytes covers what is left of it.
+    let remaining: u32 = unsafe { read_at(rq, o.rq_data_len) }.unwrap_or(0);
+    let last = nr_bytes >= remaining as u64;
+
+    let mut issue_ns: u64 = 0;
+    let mut counted = false;
+    if last {
+        let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
+        if io_start != 0 {
+            issue_ns = io_start;
+            counted = issued_since_attach(io_start);
+        } else if !req.passthrough {
+            if FALLBACK_DEVS.get_ptr(req.key.dev).is_none() {
+                let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
+            }
+            if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
+                issue_ns = *t;
+                counted = true;
+                let _ = ISSUE_TS.remove(rq);
+            }
+        }
+        if !counted {
+            count_state(STATE_PREEXISTING);
+        }
+    }
+
+    if let Some(s) = stats_for(&req.key) {
+        // SAFETY: s points at this CPU's value.
+        unsafe {
+            (*s).bytes += nr_bytes;
+            if last {
+                (*s).ios += 1;
+                if issue_ns != 0 && issue_ns <= now {
+                    let lat = now - issue_ns;
+                    let idx = latency_bucket(lat);
+                    (*s).lat_count += 1;
+                    (*s).lat_sum_ns += lat;
+                    if idx < HIST_BUCKETS {
+                        (*s).lat_hist[idx] = (*s).lat_hist[idx].wrapping_add(1);
+                    }
+                }
+            }
+        }
+    }
+    if last && counted {
+        if let Some(c) = counter(&INFLIGHT, &req.key) {
+            add_shared(c, -1);
+        }
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,194 @@
+//! A small, static load generator for tests (on the host, in VMs and in containers, where
+//! fio is not available). Every run is bounded by bytes and by time.
+//!
+//!   isolator-loadgen --path FILE --op read|write|randread --bytes N [--bs 4096]
+//!                    [--direct] [--fsync] [--threads 1] [--seconds 30] [--cgroup DIR]
+//!
+//! Prints one line: `ok op=... bytes=N ios=N secs=F`.
+
+use std::{
+    fs::OpenOptions,
+    io::Write,
+    os::unix::fs::{FileExt, OpenOptionsExt},
+    process::ExitCode,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+struct Args {
+    path: String,
+    op: String,
+    bytes: u64,
+    bs: usize,
+    direct: bool,
+    fsync: bool,
+    threads: usize,
+    seconds: u64,
+    cgroup: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        path: String::new(),
+        op: String::new(),
+        bytes: 0,
+        bs: 4096,
+        direct: false,
+        fsync: false,
+        threads: 1,
+        seconds: 30,
+        cgroup: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || it.next().ok_or(format!("{k} needs a value"));
+        match k.as_str() {
+            "--path" => a.path = val()?,
+            "--op" => a.op = val()?,
+            "--bytes" => a.bytes = val()?.parse().map_err(|e| format!("--bytes: {e}"))?,
+            "--bs" => a.bs = val()?.parse().map_err(|e| format!("--bs: {e}"))?,
+            "--threads" => a.threads = val()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--seconds" => a.seconds = val()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--cgroup" => a.cgroup = Some(val()?),
+            "--direct" => a.direct = true,
+            "--fsync" => a.fsync = true,
+            _ => return Err(format!("unknown argument {k}")),
+        }
+    }
+    if a.path.is_empty() || !["read", "write", "randread"].contains(&a.op.as_str()) {
+        return Err("usage: --path FILE --op read|write|randread --bytes N".into());
+    }
+    if a.bs == 0 || a.bs % 512 != 0 || a.threads == 0 || a.seconds == 0 {
+        return Err("--bs must be a multiple of 512; --threads and --seconds > 0".into());
+    }
+    Ok(a)
+}
+
+/// 4 KiB-aligned buffer for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+unsafe impl Send for Aligned {}
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        for i in 0..len {
+            // SAFETY: in bounds. Non-zero, incompressible-ish content.
+            unsafe { *ptr.add(i) = (i * 131 % 251) as u8 };
+        }
+        Aligned { ptr, len }
+    }
+    fn buf(&mut self) -> &mut [u8] {
+        // SAFETY: allocated with len bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+fn main() -> ExitCode {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("isolator-loadgen: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(cg) = &a.cgroup {
+        let procs = format!("{cg}/cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, format!("{}\n", std::process::id())) {
+            eprintln!("isolator-loadgen: cannot join {procs}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut opts = OpenOptions::new();
+    if a.op == "write" {
+        opts.write(true).create(true);
+    } else {
+        opts.read(true);
+    }
+    if a.direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = match opts.open(&a.path) {
+        Ok(f) => Arc::new(f),
+        Err(e) => {
+            eprintln!("isolator-loadgen: open {}: {e}", a.path);
+            return ExitCode::FAILURE;
+        }
+    };
+    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if a.op != "write" && file_len < a.bs as u64 {
+        eprintln!("isolator-loadgen: {} is smaller than one block", a.path);
+        return ExitCode::FAILURE;
+    }
+    let blocks_total = a.bytes / a.bs as u64;
+    let next = Arc::new(AtomicU64::new(0));
+    let done_bytes = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(a.seconds);
+    let start = Instant::now();
+    let mut handles = vec![];
+    for t in 0..a.threads {
+        let (file, next, done_bytes) = (file.clone(), next.clone(), done_bytes.clone());
+        let (op, bs) = (a.op.clone(), a.bs);
+        handles.push(std::thread::spawn(move || -> std::io::Result<()> {
+            let mut buf = Aligned::new(bs);
+            let mut rng = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
+            let file_blocks = (file_len / bs as u64).max(1);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= blocks_total || Instant::now() > deadline {
+                    return Ok(());
+                }
+                let off = match op.as_str() {
+                    "randread" => {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        (rng % file_blocks) * bs as u64
+                    }
+                    "read" => (i % file_blocks) * bs as u64,
+                    _ => i * bs as u64,
+                };
+                if op == "write" {
+                    file.write_all_at(buf.buf(), off)?;
+                } else {
+                    file.read_exact_at(buf.buf(), off)?;
+                }
+                done_bytes.fetch_add(bs as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("isolator-loadgen: I/O error: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(_) => return ExitCode::FAILURE,
+        }
+    }
+    if a.fsync {
+        if let Err(e) = file.sync_all() {
+            eprintln!("isolator-loadgen: fsync: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let bytes = done_bytes.load(Ordering::Relaxed);
+    let mut out = std::io::stdout();
+    let _ = writeln!(
+        out,
+        "ok op={} bytes={} ios={} secs={:.3}",
+        a.op,
+        bytes,
+        bytes / a.bs as u64,
+        start.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
