@@ -6,10 +6,18 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let ebpf_dir = manifest.join("../isolator-ebpf");
     let common_dir = manifest.join("../isolator-common");
-    for p in ["src", "Cargo.toml", "rust-toolchain.toml", ".cargo/config.toml"] {
+    for p in [
+        "src",
+        "Cargo.toml",
+        "rust-toolchain.toml",
+        ".cargo/config.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", ebpf_dir.join(p).display());
     }
-    println!("cargo:rerun-if-changed={}", common_dir.join("src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        common_dir.join("src").display()
+    );
     println!("cargo:rerun-if-env-changed=ISOLATOR_EBPF_OBJ");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("isolator.bpf.o");
 
@@ -28,9 +36,16 @@ fn main() {
     let target_dir = manifest.join("../target/ebpf");
 
     let mut cmd = Command::new("rustup");
-    cmd.args(["run", &channel, "cargo", "build", "--release", "--target-dir"])
-        .arg(&target_dir)
-        .current_dir(&ebpf_dir);
+    cmd.args([
+        "run",
+        &channel,
+        "cargo",
+        "build",
+        "--release",
+        "--target-dir",
+    ])
+    .arg(&target_dir)
+    .current_dir(&ebpf_dir);
     // The outer cargo's environment (toolchain, wrappers, flags, target) must not leak
     // into the nested bpf build.
     for (k, _) in env::vars() {

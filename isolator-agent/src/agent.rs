@@ -77,7 +77,7 @@ pub struct Agent {
     registry: Registry,
     disks: DiskNames,
     // Declared last: dropping it detaches the programs after the maps are released.
-    _probe: Probe,
+    probe: Probe,
 }
 
 impl Agent {
@@ -122,7 +122,7 @@ impl Agent {
                 paths: HashMap::new(),
             },
             disks: DiskNames::default(),
-            _probe: probe,
+            probe,
         })
     }
 
@@ -165,6 +165,12 @@ impl Agent {
             tracked_keys: self.collector.tracked_keys(),
             preexisting_completions: snap.preexisting_completions,
             map_full: snap.map_full,
+            missed_events: self
+                .probe
+                .program_stats()
+                .iter()
+                .map(|p| p.recursion_misses)
+                .sum(),
             collect_us: started.elapsed().as_micros() as u64,
         })?;
         self.sink.flush()?;

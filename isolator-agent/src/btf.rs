@@ -142,8 +142,7 @@ impl KernelBtf {
                         let off = u32_at(tsec, m + 8).ok_or_else(|| bad("truncated member"))?;
                         t.members.push(Member {
                             name: u32_at(tsec, m).ok_or_else(|| bad("truncated member"))?,
-                            type_id: u32_at(tsec, m + 4)
-                                .ok_or_else(|| bad("truncated member"))?,
+                            type_id: u32_at(tsec, m + 4).ok_or_else(|| bad("truncated member"))?,
                             bit_offset: if kind_flag { off & 0xff_ffff } else { off },
                         });
                     }
@@ -162,8 +161,8 @@ impl KernelBtf {
                     pos += vlen * 8;
                 }
                 KIND_DATASEC | KIND_ENUM64 => pos += vlen * 12,
-                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST
-                | KIND_RESTRICT | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
+                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
                 _ => return Err(bad("unknown type kind")),
             }
             types.push(t);

@@ -66,7 +66,11 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         Result::Ok(()) => item("memlock", Ok, "RLIMIT_MEMLOCK raised", None),
         Err(e) => item(
             "memlock",
-            if privileges::kernel_version(&release) >= Some((5, 11)) { Ok } else { Fail },
+            if privileges::kernel_version(&release) >= Some((5, 11)) {
+                Ok
+            } else {
+                Fail
+            },
             format!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on >= 5.11 (memcg accounting)"),
             Some("on kernels < 5.11 run with CAP_SYS_RESOURCE"),
         ),
@@ -110,7 +114,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
             "tracepoints",
             Ok,
             format!(
-                "block_rq_{{insert,issue,complete,requeue}} as raw tracepoints (no tracefs needed; tracefs {})",
+                "block_rq_{{insert,issue,complete}} as raw tracepoints (no tracefs needed; tracefs {})",
                 if tracefs { "mounted" } else { "not mounted" }
             ),
             None,
@@ -120,7 +124,12 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
 
     if privileged {
         items.push(match Probe::load(&btf) {
-            Result::Ok(_p) => item("load", Ok, "programs loaded, verified and attached (then detached)", None),
+            Result::Ok(_p) => item(
+                "load",
+                Ok,
+                "programs loaded, verified and attached (then detached)",
+                None,
+            ),
             Err(e) => item("load", Fail, e.to_string(), Some("see the message")),
         });
     }

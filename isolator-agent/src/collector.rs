@@ -156,10 +156,7 @@ pub fn monotonic_ns() -> u64 {
 impl Collector {
     /// Takes the maps out of the loaded object (the programs stay attached in `ebpf`).
     pub fn new(ebpf: &mut Ebpf) -> Result<Self, CollectError> {
-        fn take<T>(
-            ebpf: &mut Ebpf,
-            name: &'static str,
-        ) -> Result<T, CollectError>
+        fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CollectError>
         where
             T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
         {
@@ -207,8 +204,7 @@ impl Collector {
         // Keys removed from the maps (by forget()) drop their baseline too.
         self.prev.retain(|k, _| seen.contains(k));
 
-        let inflight: HashMap<IoKey, i64> =
-            self.inflight.iter().filter_map(Result::ok).collect();
+        let inflight: HashMap<IoKey, i64> = self.inflight.iter().filter_map(Result::ok).collect();
         let peaks: HashMap<IoKey, i64> = self.peak.iter().filter_map(Result::ok).collect();
         for (key, now) in &inflight {
             if !seen.contains(key) {
@@ -222,7 +218,13 @@ impl Collector {
             let _ = self.peak.insert(key, (*now).max(0), 0);
         }
         for d in &mut deltas {
-            let now = inflight.get(&d.key).copied().unwrap_or(0).max(0) as u64;
+            let raw = inflight.get(&d.key).copied().unwrap_or(0);
+            if raw < 0 && d.ios == 0 && d.queue_count == 0 {
+                // Completions of requests issued before attach were not counted in; an
+                // idle key cannot have negative requests in flight.
+                let _ = self.inflight.insert(d.key, 0, 0);
+            }
+            let now = raw.max(0) as u64;
             d.inflight_now = now;
             d.inflight_peak = peaks
                 .get(&d.key)

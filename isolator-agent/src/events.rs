@@ -76,6 +76,7 @@ pub enum Event {
         tracked_keys: usize,
         preexisting_completions: u64,
         map_full: u64,
+        missed_events: u64,
         collect_us: u64,
     },
     Warning {

@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 use isolator::{agent, check, probe::DEFAULT_BTF};
 
 #[derive(Parser)]
-#[command(name = "isolator", version, about = "Per-cgroup block I/O latency and throughput, measured with eBPF")]
+#[command(
+    name = "isolator",
+    version,
+    about = "Per-cgroup block I/O latency and throughput, measured with eBPF"
+)]
 struct Cli {
     /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
     #[arg(long, global = true, default_value = "warn")]
@@ -69,7 +73,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::*;
-            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
                 return if e.kind() == DisplayHelpOnMissingArgumentOrSubcommand {
                     ExitCode::from(2)
@@ -89,11 +96,21 @@ fn main() -> ExitCode {
         .init();
 
     let result = match cli.command {
-        Command::Run { interval, json, btf } => tokio::runtime::Builder::new_current_thread()
+        Command::Run {
+            interval,
+            json,
+            btf,
+        } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(agent::run(agent::RunOptions { interval, json, btf }))),
+            .and_then(|rt| {
+                rt.block_on(agent::run(agent::RunOptions {
+                    interval,
+                    json,
+                    btf,
+                }))
+            }),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);
             print!("{}", check::render(&items));
@@ -120,11 +137,16 @@ mod tests {
     #[test]
     fn interval_bounds() {
         assert_eq!(parse_interval("1s").unwrap(), Duration::from_secs(1));
-        assert_eq!(parse_interval("2500ms").unwrap(), Duration::from_millis(2500));
+        assert_eq!(
+            parse_interval("2500ms").unwrap(),
+            Duration::from_millis(2500)
+        );
         assert_eq!(parse_interval("10").unwrap(), Duration::from_secs(10));
         assert!(parse_interval("500ms").unwrap_err().contains("1s..10s"));
         assert!(parse_interval("11s").is_err());
         assert!(parse_interval("-1").is_err());
-        assert!(parse_interval("fast").unwrap_err().contains("not a duration"));
+        assert!(parse_interval("fast")
+            .unwrap_err()
+            .contains("not a duration"));
     }
 }

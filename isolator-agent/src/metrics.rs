@@ -67,7 +67,7 @@ fn summarize(merged: &[(u16, u64)], window_ns: u64, window_cycles: usize) -> Lat
     }
 }
 
-fn merge_into(acc: &mut Vec<u64>, h: &SparseHist) {
+fn merge_into(acc: &mut [u64], h: &SparseHist) {
     for &(i, n) in h {
         acc[i as usize] += n;
     }
@@ -229,7 +229,9 @@ mod tests {
         // Uniform, log-uniform, exponential-ish and normal-ish latencies.
         check(
             "uniform",
-            (0..100_000).map(|_| rng.gen_range(1_000..50_000_000)).collect(),
+            (0..100_000)
+                .map(|_| rng.gen_range(1_000..50_000_000))
+                .collect(),
         );
         check(
             "log-uniform",

@@ -22,7 +22,8 @@ pub fn can_load_bpf(caps: u64) -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
-pub const NEED_PRIVILEGES: &str = "isolator needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs; run it with sudo";
+pub const NEED_PRIVILEGES: &str =
+    "isolator needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs; run it with sudo";
 
 /// Tries to lift RLIMIT_MEMLOCK (needed for BPF maps before kernel 5.11, which charges
 /// them to the memory cgroup instead). Returns the error text if it could not.

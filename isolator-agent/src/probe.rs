@@ -3,14 +3,15 @@
 
 use std::path::Path;
 
+use std::os::fd::{AsFd, AsRawFd};
+
 use aya::{programs::RawTracePoint, Ebpf, EbpfLoader};
 use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, PROGRAMS};
 
 use crate::btf::{BtfError, KernelBtf};
 
 /// The eBPF object, built by build.rs from isolator-ebpf.
-pub static EBPF_OBJECT: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/isolator.bpf.o"));
+pub static EBPF_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/isolator.bpf.o"));
 
 pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -18,7 +19,9 @@ pub const DEFAULT_BTF: &str = "/sys/kernel/btf/vmlinux";
 pub enum ProbeError {
     #[error("kernel BTF not found at {0}; boot a kernel built with CONFIG_DEBUG_INFO_BTF=y or pass --btf PATH to a BTF file for this kernel")]
     NoBtf(String),
-    #[error("{0}; this kernel's block layer is not supported (pass --btf with a matching BTF file)")]
+    #[error(
+        "{0}; this kernel's block layer is not supported (pass --btf with a matching BTF file)"
+    )]
     Btf(#[from] BtfError),
     #[error("kernel has no raw tracepoint {0}: needs a kernel with block tracepoints (CONFIG_BLK_DEV_IO_TRACE or CONFIG_EVENT_TRACING)")]
     NoTracepoint(String),
@@ -43,10 +46,16 @@ pub fn check_tracepoints(btf: &KernelBtf) -> Result<(), ProbeError> {
             .tracepoint_params(tp)
             .ok_or_else(|| ProbeError::NoTracepoint(tp.to_string()))?;
         if params.first().map(String::as_str) != Some("struct request*") {
-            return Err(ProbeError::TracepointShape(tp.to_string(), params.join(", ")));
+            return Err(ProbeError::TracepointShape(
+                tp.to_string(),
+                params.join(", "),
+            ));
         }
         if tp == "block_rq_complete" && params.len() != 3 {
-            return Err(ProbeError::TracepointShape(tp.to_string(), params.join(", ")));
+            return Err(ProbeError::TracepointShape(
+                tp.to_string(),
+                params.join(", "),
+            ));
         }
     }
     Ok(())
@@ -105,4 +114,70 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         }
     }
     s
+}
+
+/// Kernel statistics of one attached program (`bpf_prog_info`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: &'static str,
+    /// Runs and total run time; only counted while kernel.bpf_stats_enabled=1.
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+    /// Runs the kernel skipped because the program was already running on that CPU
+    /// (e.g. a hardirq completion nested in a softirq one): events lost to the agent.
+    pub recursion_misses: u64,
+}
+
+// Offsets in the kernel's struct bpf_prog_info (uapi, append-only).
+const INFO_RUN_TIME_NS: usize = 192;
+const INFO_RUN_CNT: usize = 200;
+const INFO_RECURSION_MISSES: usize = 208;
+const INFO_LEN: usize = 232;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+fn prog_info(fd: i32) -> Option<[u8; INFO_LEN]> {
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let mut buf = [0u8; INFO_LEN];
+    let mut attr = InfoAttr {
+        bpf_fd: fd as u32,
+        info_len: INFO_LEN as u32,
+        info: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: attr points at a valid buffer of info_len bytes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    (rc == 0).then_some(buf)
+}
+
+impl Probe {
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        let u64_at = |b: &[u8; INFO_LEN], off: usize| {
+            u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
+        };
+        PROGRAMS
+            .iter()
+            .filter_map(|(name, _)| {
+                let p: &RawTracePoint = self.ebpf.program(name)?.try_into().ok()?;
+                let fd = p.fd().ok()?.as_fd().as_raw_fd();
+                let info = prog_info(fd)?;
+                Some(ProgramStats {
+                    name,
+                    run_cnt: u64_at(&info, INFO_RUN_CNT),
+                    run_time_ns: u64_at(&info, INFO_RUN_TIME_NS),
+                    recursion_misses: u64_at(&info, INFO_RECURSION_MISSES),
+                })
+            })
+            .collect()
+    }
 }

@@ -141,7 +141,10 @@ mod tests {
             let rep = bucket_representative_ns(idx) as f64;
             for v in [lo, hi] {
                 let err = (rep - v as f64).abs() / (v.max(1) as f64);
-                assert!(err <= 1.0 / 64.0 + 1e-12, "bucket {idx} value {v} err {err}");
+                assert!(
+                    err <= 1.0 / 64.0 + 1e-12,
+                    "bucket {idx} value {v} err {err}"
+                );
             }
         }
     }

@@ -135,9 +135,8 @@ pub const STATE_MAP_FULL: u32 = 2;
 pub const STATE_SLOTS: u32 = 4;
 
 /// Program names (function names in the eBPF object) and their tracepoints.
-pub const PROGRAMS: [(&str, &str); 4] = [
+pub const PROGRAMS: [(&str, &str); 3] = [
     ("block_rq_complete", "block_rq_complete"),
-    ("block_rq_requeue", "block_rq_requeue"),
     ("block_rq_insert", "block_rq_insert"),
     ("block_rq_issue", "block_rq_issue"),
 ];

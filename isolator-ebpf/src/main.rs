@@ -62,8 +62,7 @@ static ZERO_STATS: PerCpuArray<IoStats> = PerCpuArray::with_max_entries(1, 0);
 static INFLIGHT: HashMap<IoKey, i64> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
 
 #[map(name = "INFLIGHT_PEAK")]
-static INFLIGHT_PEAK: HashMap<IoKey, i64> =
-    HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+static INFLIGHT_PEAK: HashMap<IoKey, i64> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
 
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
@@ -157,7 +156,10 @@ fn stats_for(key: &IoKey) -> Option<*mut IoStats> {
     }
     let zero = ZERO_STATS.get_ptr(0)?;
     // SAFETY: ZERO_STATS is never written, so it stays all zeroes.
-    if IO_STATS.insert(key, unsafe { &*zero }, BPF_NOEXIST).is_err() {
+    if IO_STATS
+        .insert(key, unsafe { &*zero }, BPF_NOEXIST)
+        .is_err()
+    {
         // EEXIST from a racing insert on another CPU is fine; anything else is a full map.
         if IO_STATS.get_ptr_mut(key).is_none() {
             count_state(STATE_MAP_FULL);
@@ -213,6 +215,11 @@ pub fn block_rq_insert(ctx: RawTracePointContext) -> i32 {
 }
 
 /// block_rq_issue(struct request *rq): queue time, in-flight +1, fallback issue time.
+///
+/// A request can pass here more than once: drivers that return BLK_STS_*RESOURCE get it
+/// re-dispatched without a requeue tracepoint. It is counted on its first issue only:
+/// `io_start_time_ns` is still 0 then (the kernel sets it right after this tracepoint and
+/// zeroes it when the request is allocated); on fallback devices, ISSUE_TS tells.
 #[raw_tracepoint(tracepoint = "block_rq_issue")]
 pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
@@ -227,8 +234,16 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
             let _ = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(p, 0, now) };
         }
     }
-    if FALLBACK_DEVS.get_ptr(req.key.dev).is_some() {
+    let first_issue = if FALLBACK_DEVS.get_ptr(req.key.dev).is_some() {
+        let seen = unsafe { ISSUE_TS.get(rq) }.is_some();
         let _ = ISSUE_TS.insert(rq, now, 0);
+        !seen
+    } else {
+        let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
+        io_start == 0
+    };
+    if !first_issue {
+        return 0;
     }
 
     let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
@@ -280,30 +295,6 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
 fn issued_since_attach(issue_ns: u64) -> bool {
     let first = first_issue_ns();
     first != 0 && issue_ns >= first
-}
-
-/// block_rq_requeue(struct request *rq): it will be issued again.
-#[raw_tracepoint(tracepoint = "block_rq_requeue")]
-pub fn block_rq_requeue(ctx: RawTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
-    let o = offsets();
-    let Some(req) = (unsafe { describe(&o, rq) }) else {
-        return 0;
-    };
-    let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
-    let counted = if io_start != 0 {
-        issued_since_attach(io_start)
-    } else {
-        let hit = unsafe { ISSUE_TS.get(rq) }.is_some();
-        let _ = ISSUE_TS.remove(rq);
-        hit
-    };
-    if counted {
-        if let Some(c) = counter(&INFLIGHT, &req.key) {
-            add_shared(c, -1);
-        }
-    }
-    0
 }
 
 /// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).

@@ -1,1 +1,345 @@
-//! Shared harness for the root integration tests.
+//! Shared harness for the root integration tests: the built static binaries, scratch
+//! files, throwaway cgroups and a running agent, each cleaned up on drop.
+
+use std::{
+    io::{BufRead, BufReader},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub const MUSL: &str = "x86_64-unknown-linux-musl";
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn built(name: &str) -> PathBuf {
+    let p = workspace_root().join(format!("target/{MUSL}/release/{name}"));
+    assert!(
+        p.exists(),
+        "{} is missing: build it first with `cargo xtask build` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// The static `isolator` binary under test.
+pub fn isolator_bin() -> PathBuf {
+    built("isolator")
+}
+
+pub fn loadgen_bin() -> PathBuf {
+    built("isolator-loadgen")
+}
+
+/// These tests load eBPF and write cgroups: they need root and fail (not skip) without.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test needs root (eBPF, cgroups); run the suite as root"
+    );
+}
+
+pub fn require_tool(tool: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "{tool} is not installed: run scripts/bootstrap.sh");
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A scratch directory on the root filesystem (files only, never raw devices).
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        let dir = PathBuf::from("/var/tmp").join(unique("isolator-test"));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch { dir }
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Which cgroup hierarchy holds blkio/io on this host.
+pub fn io_cgroup_root() -> (PathBuf, bool) {
+    let v1 = PathBuf::from("/sys/fs/cgroup/blkio");
+    if v1.join("blkio.throttle.io_service_bytes").exists() {
+        return (v1, false);
+    }
+    let v2 = PathBuf::from("/sys/fs/cgroup");
+    let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+    assert!(
+        controllers.split_whitespace().any(|c| c == "io"),
+        "no blkio (v1) or io (v2) cgroup controller on this host"
+    );
+    (v2, true)
+}
+
+/// A throwaway cgroup in the io hierarchy; its processes are killed and it is removed on
+/// drop.
+pub struct TestCgroup {
+    pub dir: PathBuf,
+    pub v2: bool,
+}
+
+impl TestCgroup {
+    pub fn new(prefix: &str) -> Self {
+        let (root, v2) = io_cgroup_root();
+        let dir = root.join(unique(prefix));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        TestCgroup { dir, v2 }
+    }
+
+    /// Cgroup id as the kernel and the agent use it (inode of the directory).
+    pub fn id(&self) -> u64 {
+        std::fs::metadata(&self.dir).unwrap().ino()
+    }
+
+    pub fn rel_path(&self) -> String {
+        format!("/{}", self.dir.file_name().unwrap().to_string_lossy())
+    }
+
+    /// Kernel's own per-device byte counters: (read, write incl. discard) for `dev`.
+    pub fn kernel_bytes(&self, dev: &str) -> (u64, u64) {
+        if self.v2 {
+            let stat = std::fs::read_to_string(self.dir.join("io.stat")).unwrap();
+            for line in stat.lines() {
+                let mut it = line.split_whitespace();
+                if it.next() != Some(dev) {
+                    continue;
+                }
+                let kv: std::collections::HashMap<&str, u64> = it
+                    .filter_map(|f| f.split_once('='))
+                    .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
+                    .collect();
+                return (
+                    kv["rbytes"],
+                    kv["wbytes"] + kv.get("dbytes").copied().unwrap_or(0),
+                );
+            }
+            (0, 0)
+        } else {
+            let stat =
+                std::fs::read_to_string(self.dir.join("blkio.throttle.io_service_bytes")).unwrap();
+            let (mut r, mut w) = (0, 0);
+            for line in stat.lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() == 3 && f[0] == dev {
+                    let v: u64 = f[2].parse().unwrap();
+                    match f[1] {
+                        "Read" => r += v,
+                        "Write" | "Discard" => w += v,
+                        _ => {}
+                    }
+                }
+            }
+            (r, w)
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: plain kill(2).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Whole-disk "major:minor" holding a path's filesystem.
+pub fn disk_of(path: &Path) -> String {
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if sys.join("partition").exists() {
+        let parent = std::fs::canonicalize(&sys).unwrap().join("../dev");
+        return std::fs::read_to_string(parent).unwrap().trim().to_string();
+    }
+    format!("{major}:{minor}")
+}
+
+/// Runs a command to completion, panicking with its output on failure.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Writes a file of `bytes` with the load generator (O_DIRECT, so nothing is cached).
+pub fn make_file(path: &Path, bytes: u64) {
+    run_ok(Command::new(loadgen_bin()).args([
+        "--path",
+        path.to_str().unwrap(),
+        "--op",
+        "write",
+        "--bytes",
+        &bytes.to_string(),
+        "--bs",
+        "1048576",
+        "--direct",
+        "--threads",
+        "4",
+    ]));
+}
+
+/// A running `isolator run` writing NDJSON to a file. SIGTERM and reaped on drop.
+pub struct Agent {
+    child: Option<Child>,
+    pub events: PathBuf,
+    _scratch: Scratch,
+}
+
+impl Agent {
+    pub fn start(extra: &[&str]) -> Self {
+        let scratch = Scratch::new();
+        let events = scratch.path("events.ndjson");
+        let mut cmd = Command::new(isolator_bin());
+        cmd.args(["run", "--json", events.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().expect("spawn isolator run");
+        let agent = Agent {
+            child: Some(child),
+            events,
+            _scratch: scratch,
+        };
+        agent.wait_for(|e| e["type"] == "agent_start", Duration::from_secs(30));
+        agent
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        let f = match std::fs::File::open(&self.events) {
+            Ok(f) => f,
+            Err(_) => return vec![],
+        };
+        BufReader::new(f)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|l| l.ends_with('}'))
+            .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad NDJSON {l}: {e}")))
+            .collect()
+    }
+
+    pub fn wait_for(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.events().into_iter().find(|e| pred(e)) {
+                return e;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for an event; got: {:?}", self.events());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until `n` more cycles have ended.
+    pub fn wait_cycles(&self, n: u64) {
+        let last = self
+            .events()
+            .iter()
+            .filter(|e| e["type"] == "cycle_end")
+            .map(|e| e["cycle"].as_u64().unwrap())
+            .max()
+            .unwrap_or(0);
+        self.wait_for(
+            |e| e["type"] == "cycle_end" && e["cycle"].as_u64().unwrap() >= last + n,
+            Duration::from_secs(30 + 12 * n),
+        );
+    }
+
+    /// SIGTERM; returns the exit status and stderr.
+    pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.take().expect("agent already stopped");
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().expect("wait for agent");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
+pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
+    let (mut r, mut w) = (0, 0);
+    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
+        if e["cgroup"]["id"].as_u64() != Some(cgroup_id) {
+            continue;
+        }
+        for d in e["devices"].as_array().unwrap() {
+            if d["dev"] != dev {
+                continue;
+            }
+            r += d["read"]["bytes"].as_u64().unwrap_or(0);
+            w += d["write"]["bytes"].as_u64().unwrap_or(0);
+            w += d["other"]["bytes"].as_u64().unwrap_or(0);
+        }
+    }
+    (r, w)
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, checks formatting and lints, builds the
+# static binaries, runs unit tests and the root integration tests (real eBPF, cgroups,
+# disk I/O, qemu VMs). Needs root. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+bash scripts/bootstrap.sh
+
+echo "== fmt"
+cargo fmt --all -- --check
+rustfmt --edition 2021 --check isolator-ebpf/src/main.rs
+
+echo "== clippy"
+cargo clippy --all-targets -- -D warnings
+
+echo "== build (static)"
+cargo xtask build
+
+echo "== tests"
+# Serial: the integration tests measure the same disk and must not disturb each other.
+cargo test --release --workspace -- --test-threads=1
