@@ -149,7 +149,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
                     "mount the blkio controller (mount -t cgroup -o blkio none /sys/fs/cgroup/blkio)",
                 ),
                 CgroupMode::V2 => (
-                    vec!["io.max", "io.weight", "io.stat"],
+                    vec!["io.max", "io.weight"],
                     "enable the io controller: echo +io > /sys/fs/cgroup/cgroup.subtree_control",
                 ),
             };

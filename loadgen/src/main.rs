@@ -8,7 +8,7 @@
 
 use std::{
     fs::OpenOptions,
-    io::Write,
+    io::{Seek, SeekFrom, Write},
     os::unix::fs::{FileExt, OpenOptionsExt},
     process::ExitCode,
     sync::{
@@ -61,7 +61,7 @@ fn parse() -> Result<Args, String> {
     if a.path.is_empty() || !["read", "write", "randread"].contains(&a.op.as_str()) {
         return Err("usage: --path FILE --op read|write|randread --bytes N".into());
     }
-    if a.bs == 0 || a.bs % 512 != 0 || a.threads == 0 || a.seconds == 0 {
+    if a.bs == 0 || !a.bs.is_multiple_of(512) || a.threads == 0 || a.seconds == 0 {
         return Err("--bs must be a multiple of 512; --threads and --seconds > 0".into());
     }
     Ok(a)
@@ -122,7 +122,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    // Block devices report size 0 in metadata; their end is where a seek lands.
+    let file_len = match file.metadata().map(|m| m.len()) {
+        Ok(0) | Err(_) => (&*file).seek(SeekFrom::End(0)).unwrap_or(0),
+        Ok(n) => n,
+    };
     if a.op != "write" && file_len < a.bs as u64 {
         eprintln!("isolator-loadgen: {} is smaller than one block", a.path);
         return ExitCode::FAILURE;

@@ -1,0 +1,298 @@
+//! The same static binary on Debian's 6.1 and 6.12 kernels with cgroup v2, booted under
+//! qemu (tcg): it attaches, and its per-cgroup bytes agree with the kernel's io.stat within
+//! 2 %, for O_DIRECT and buffered writes flushed by writeback (charged to the dirtying cgroup on v2) and direct reads in two cgroups at once.
+//!
+//! The guest is a busybox initramfs with the static `isolator` and `isolator-loadgen`; I/O
+//! goes to a null_blk device (no disk is written). The guest prints io.stat and the event
+//! stream to the serial console, which this test parses.
+
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use isolator_tests::*;
+use serde_json::Value;
+
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t cgroup2 none /sys/fs/cgroup
+insmod /lib/configfs.ko
+insmod /lib/null_blk.ko nr_devices=1 gb=1 bs=4096
+echo +io > /sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/a /sys/fs/cgroup/b
+echo "=== uname $(uname -r)"
+echo "=== nullb0 $(cat /sys/block/nullb0/dev)"
+/isolator check
+echo "=== check rc=$?"
+/isolator run --interval 1s --json /tmp/ev.json 2>/tmp/agent.err &
+AP=$!
+i=0
+while ! grep -q agent_start /tmp/ev.json 2>/dev/null; do
+  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
+done
+L=/loadgen
+$L --cgroup /sys/fs/cgroup/a --path /dev/nullb0 --op write --bytes 33554432 --bs 65536 --direct --threads 2 &
+P1=$!
+$L --cgroup /sys/fs/cgroup/a --path /dev/nullb0 --op randread --bytes 8388608 --bs 4096 --direct &
+P2=$!
+$L --cgroup /sys/fs/cgroup/b --path /dev/nullb0 --op read --bytes 16777216 --bs 16384 --direct &
+P3=$!
+sh -c 'echo $$ > /sys/fs/cgroup/b/cgroup.procs; exec /loadgen --path /dev/nullb0 --op write --bytes 8388608 --bs 65536 --seconds 60' &
+P4=$!
+wait $P1 $P2 $P3 $P4
+# Buffered writes of b are flushed by writeback, which v2 charges to b.
+sync
+sleep 3
+kill -TERM $AP
+wait $AP
+echo "=== agent rc=$?"
+cat /tmp/agent.err
+echo "=== io.stat a"
+cat /sys/fs/cgroup/a/io.stat
+echo "=== io.stat b"
+cat /sys/fs/cgroup/b/io.stat
+echo "=== events"
+cat /tmp/ev.json
+echo "=== end"
+poweroff -f
+"#;
+
+fn kernel_dir(prefix: &str) -> PathBuf {
+    let base = workspace_root().join("target/vm-kernels");
+    let found = std::fs::read_dir(&base).ok().and_then(|rd| {
+        rd.flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "no {prefix}* kernel under {}: run scripts/bootstrap.sh",
+            base.display()
+        )
+    })
+}
+
+/// Copies a module into the initramfs, decompressing .ko.xz.
+fn add_module(kdir: &Path, rel_glob: &str, dest: &Path) {
+    let modules = std::fs::read_dir(kdir.join("lib/modules"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    for ext in ["", ".xz"] {
+        let src = modules.join(format!("kernel/{rel_glob}.ko{ext}"));
+        if !src.exists() {
+            continue;
+        }
+        if ext.is_empty() {
+            std::fs::copy(&src, dest).unwrap();
+        } else {
+            let status = Command::new("sh")
+                .arg("-c")
+                .arg(format!("xz -dc '{}' > '{}'", src.display(), dest.display()))
+                .status()
+                .unwrap();
+            assert!(status.success(), "xz -dc {}", src.display());
+        }
+        return;
+    }
+    panic!("module {rel_glob} not found in {}", modules.display());
+}
+
+fn build_initramfs(kdir: &Path, scratch: &Scratch) -> PathBuf {
+    let root = scratch.path("root");
+    for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "sys/fs/cgroup"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static");
+    std::fs::copy(isolator_bin(), root.join("isolator")).unwrap();
+    std::fs::copy(loadgen_bin(), root.join("loadgen")).unwrap();
+    add_module(kdir, "fs/configfs/configfs", &root.join("lib/configfs.ko"));
+    add_module(
+        kdir,
+        "drivers/block/null_blk/null_blk",
+        &root.join("lib/null_blk.ko"),
+    );
+    std::fs::write(root.join("init"), INIT).unwrap();
+    run_ok(Command::new("chmod").args(["+x"]).arg(root.join("init")));
+    let initrd = scratch.path("initrd.gz");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "cd '{}' && find . | cpio -o -H newc --quiet | gzip -1 > '{}'",
+        root.display(),
+        initrd.display()
+    )));
+    initrd
+}
+
+fn boot(kdir: &Path, initrd: &Path) -> String {
+    let vmlinuz = std::fs::read_dir(kdir.join("boot"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("vmlinuz")
+        })
+        .expect("vmlinuz");
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "tcg",
+            "-m",
+            "1024",
+            "-smp",
+            "2",
+            "-nographic",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(&vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args([
+            "-append",
+            "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-system-x86_64 (run scripts/bootstrap.sh)");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    // Bounded: a hung guest is killed.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("VM {} did not power off within 300 s", vmlinuz.display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    reader.join().unwrap().replace('\r', "")
+}
+
+fn section<'a>(out: &'a str, name: &str) -> &'a str {
+    let start = out
+        .find(&format!("=== {name}"))
+        .unwrap_or_else(|| panic!("no '=== {name}' in VM output:\n{out}"));
+    let rest = &out[start..];
+    let body_start = rest.find('\n').map(|i| i + 1).unwrap_or(rest.len());
+    let body = &rest[body_start..];
+    let end = body.find("\n=== ").map(|i| i + 1).unwrap_or(body.len());
+    &body[..end]
+}
+
+fn io_stat_bytes(stat: &str, dev: &str) -> (u64, u64) {
+    for line in stat.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() != Some(dev) {
+            continue;
+        }
+        let kv: std::collections::HashMap<&str, u64> = it
+            .filter_map(|f| f.split_once('='))
+            .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
+            .collect();
+        return (
+            kv["rbytes"],
+            kv["wbytes"] + kv.get("dbytes").copied().unwrap_or(0),
+        );
+    }
+    panic!("no {dev} in io.stat:\n{stat}");
+}
+
+fn agent_bytes_by_path(events: &[Value], path: &str, dev: &str) -> (u64, u64) {
+    let id = events
+        .iter()
+        .find(|e| e["type"] == "cgroup_stats" && e["cgroup"]["path"] == path)
+        .and_then(|e| e["cgroup"]["id"].as_u64())
+        .unwrap_or_else(|| panic!("no cgroup_stats for {path}"));
+    agent_bytes(events, id, dev)
+}
+
+fn run_vm(prefix: &str, release_prefix: &str) {
+    require_tool("qemu-system-x86_64");
+    require_tool("cpio");
+    let kdir = kernel_dir(prefix);
+    let scratch = Scratch::new();
+    let initrd = build_initramfs(&kdir, &scratch);
+    let out = boot(&kdir, &initrd);
+    eprintln!("{out}");
+    let uname = section(&out, "uname");
+    assert!(
+        out.contains(&format!("=== uname {release_prefix}")),
+        "{uname}"
+    );
+    assert!(
+        out.contains("=== check rc=0"),
+        "isolator check failed in the VM:\n{out}"
+    );
+    assert!(
+        out.contains("=== agent rc=0"),
+        "agent did not exit 0:\n{out}"
+    );
+    let dev = out
+        .lines()
+        .find_map(|l| l.strip_prefix("=== nullb0 "))
+        .expect("nullb0 dev")
+        .trim()
+        .to_string();
+    let events: Vec<Value> = section(&out, "events")
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event {l}: {e}")))
+        .collect();
+    let start = events
+        .iter()
+        .find(|e| e["type"] == "agent_start")
+        .expect("agent_start");
+    assert_eq!(start["cgroup_mode"], "v2");
+    assert!(start["kernel"]
+        .as_str()
+        .unwrap()
+        .starts_with(release_prefix));
+    for (cg, min_r, min_w) in [("a", 8u64 << 20, 32u64 << 20), ("b", 16 << 20, 8 << 20)] {
+        let kernel = io_stat_bytes(section(&out, &format!("io.stat {cg}")), &dev);
+        let agent = agent_bytes_by_path(&events, &format!("/{cg}"), &dev);
+        eprintln!("{prefix} cgroup {cg}: kernel {kernel:?} agent {agent:?}");
+        for (what, k, a, min) in [
+            ("read", kernel.0, agent.0, min_r),
+            ("write", kernel.1, agent.1, min_w),
+        ] {
+            assert!(
+                k >= min,
+                "{cg} {what}: kernel counted {k}, load did not run"
+            );
+            let err = (a as f64 - k as f64).abs() / k as f64;
+            assert!(err <= 0.02, "{prefix} {cg} {what}: agent {a} vs kernel {k}");
+        }
+    }
+}
+
+#[test]
+fn debian_6_1_cgroup_v2() {
+    run_vm("linux-image-6.1.", "6.1.");
+}
+
+#[test]
+fn debian_6_12_cgroup_v2() {
+    run_vm("linux-image-6.12.", "6.12.");
+}
