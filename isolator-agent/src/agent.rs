@@ -130,6 +130,12 @@ impl Agent {
     pub fn cycle(&mut self) -> Result<()> {
         let started = Instant::now();
         let snap = self.collector.collect()?;
+        if snap.need_insert && self.probe.attach_insert()? {
+            self.sink.emit(&Event::Warning {
+                code: "insert_attached".into(),
+                message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
+            })?;
+        }
         let live = self.registry.refresh();
         let interval_s = snap.interval_ns as f64 / 1e9;
 
@@ -158,6 +164,7 @@ impl Agent {
             }
         }
 
+        let programs = self.probe.program_stats();
         self.sink.emit(&Event::CycleEnd {
             cycle: snap.cycle,
             interval_s,
@@ -165,13 +172,9 @@ impl Agent {
             tracked_keys: self.collector.tracked_keys(),
             preexisting_completions: snap.preexisting_completions,
             map_full: snap.map_full,
-            missed_events: self
-                .probe
-                .program_stats()
-                .iter()
-                .map(|p| p.recursion_misses)
-                .sum(),
+            missed_events: programs.iter().map(|p| p.recursion_misses).sum(),
             collect_us: started.elapsed().as_micros() as u64,
+            programs,
         })?;
         self.sink.flush()?;
         Ok(())

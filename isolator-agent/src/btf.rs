@@ -50,23 +50,30 @@ struct Member {
     bit_offset: u32,
 }
 
+/// One type record, decoded on demand from the raw type section.
 #[derive(Debug, Clone)]
 struct Type {
     name: u32,
     kind: u32,
     /// size for INT/STRUCT/UNION/ENUM/FLOAT, referenced type for PTR/TYPEDEF/...
     size_or_type: u32,
-    members: Vec<Member>,
-    /// ARRAY: (element type, nelems)
-    array: Option<(u32, u32)>,
+    vlen: usize,
+    kind_flag: bool,
+    /// Byte offset of the trailing data (members, params, array) in the type section.
+    extra: usize,
 }
 
-/// Parsed kernel BTF.
+/// Parsed kernel BTF. Keeps the raw bytes and an index of record offsets (the kernel has
+/// ~100k types; decoding them all would cost tens of MiB of agent memory at startup).
 pub struct KernelBtf {
     source: String,
-    strings: Vec<u8>,
-    /// Index 0 is the implicit `void`.
-    types: Vec<Type>,
+    data: Vec<u8>,
+    types_start: usize,
+    types_len: usize,
+    strings_start: usize,
+    strings_len: usize,
+    /// Offset of each type record in the type section; index 0 is `void`.
+    offsets: Vec<u32>,
     structs_by_name: HashMap<String, Vec<u32>>,
     typedefs_by_name: HashMap<String, u32>,
 }
@@ -82,112 +89,78 @@ impl KernelBtf {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&data, &path.display().to_string())
+        Self::parse_owned(data, &path.display().to_string())
     }
 
     pub fn parse(data: &[u8], source: &str) -> Result<Self, BtfError> {
+        Self::parse_owned(data.to_vec(), source)
+    }
+
+    fn parse_owned(data: Vec<u8>, source: &str) -> Result<Self, BtfError> {
         let bad = |why| BtfError::Malformed(source.to_string(), why);
         if data.len() < 24 || data[0..2] != [0x9f, 0xeb] {
             return Err(bad("bad magic (only little-endian BTF is supported)"));
         }
-        let hdr_len = u32_at(data, 4).ok_or_else(|| bad("short header"))? as usize;
-        let type_off = u32_at(data, 8).ok_or_else(|| bad("short header"))? as usize;
-        let type_len = u32_at(data, 12).ok_or_else(|| bad("short header"))? as usize;
-        let str_off = u32_at(data, 16).ok_or_else(|| bad("short header"))? as usize;
-        let str_len = u32_at(data, 20).ok_or_else(|| bad("short header"))? as usize;
-        let tstart = hdr_len + type_off;
-        let sstart = hdr_len + str_off;
-        let tsec = data
-            .get(tstart..tstart + type_len)
-            .ok_or_else(|| bad("type section out of bounds"))?;
-        let strings = data
-            .get(sstart..sstart + str_len)
-            .ok_or_else(|| bad("string section out of bounds"))?
-            .to_vec();
-
-        let mut types = vec![Type {
-            name: 0,
-            kind: 0,
-            size_or_type: 0,
-            members: vec![],
-            array: None,
-        }];
+        let hdr = |off| {
+            u32_at(&data, off)
+                .map(|v| v as usize)
+                .ok_or_else(|| bad("short header"))
+        };
+        let (hdr_len, type_off, type_len, str_off, str_len) =
+            (hdr(4)?, hdr(8)?, hdr(12)?, hdr(16)?, hdr(20)?);
+        let types_start = hdr_len + type_off;
+        let strings_start = hdr_len + str_off;
+        if data.len() < types_start + type_len || data.len() < strings_start + str_len {
+            return Err(bad("section out of bounds"));
+        }
+        let tsec = &data[types_start..types_start + type_len];
+        let mut offsets = vec![0u32];
         let mut pos = 0usize;
         while pos < tsec.len() {
-            let name = u32_at(tsec, pos).ok_or_else(|| bad("truncated type"))?;
             let info = u32_at(tsec, pos + 4).ok_or_else(|| bad("truncated type"))?;
-            let size_or_type = u32_at(tsec, pos + 8).ok_or_else(|| bad("truncated type"))?;
-            pos += 12;
+            u32_at(tsec, pos + 8).ok_or_else(|| bad("truncated type"))?;
+            offsets.push(pos as u32);
             let vlen = (info & 0xffff) as usize;
-            let kind = (info >> 24) & 0x1f;
-            let kind_flag = info >> 31 == 1;
-            let mut t = Type {
-                name,
-                kind,
-                size_or_type,
-                members: vec![],
-                array: None,
-            };
-            match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => pos += 4,
-                KIND_ARRAY => {
-                    let elem = u32_at(tsec, pos).ok_or_else(|| bad("truncated array"))?;
-                    let n = u32_at(tsec, pos + 8).ok_or_else(|| bad("truncated array"))?;
-                    t.array = Some((elem, n));
-                    pos += 12;
-                }
-                KIND_STRUCT | KIND_UNION => {
-                    for i in 0..vlen {
-                        let m = pos + i * 12;
-                        let off = u32_at(tsec, m + 8).ok_or_else(|| bad("truncated member"))?;
-                        t.members.push(Member {
-                            name: u32_at(tsec, m).ok_or_else(|| bad("truncated member"))?,
-                            type_id: u32_at(tsec, m + 4).ok_or_else(|| bad("truncated member"))?,
-                            bit_offset: if kind_flag { off & 0xff_ffff } else { off },
-                        });
-                    }
-                    pos += vlen * 12;
-                }
-                KIND_ENUM => pos += vlen * 8,
-                KIND_FUNC_PROTO => {
-                    for i in 0..vlen {
-                        let m = pos + i * 8;
-                        t.members.push(Member {
-                            name: u32_at(tsec, m).ok_or_else(|| bad("truncated param"))?,
-                            type_id: u32_at(tsec, m + 4).ok_or_else(|| bad("truncated param"))?,
-                            bit_offset: 0,
-                        });
-                    }
-                    pos += vlen * 8;
-                }
-                KIND_DATASEC | KIND_ENUM64 => pos += vlen * 12,
+            pos += 12;
+            pos += match (info >> 24) & 0x1f {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => vlen * 12,
+                KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
                 KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
-                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
+                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => 0,
                 _ => return Err(bad("unknown type kind")),
+            };
+            if pos > tsec.len() {
+                return Err(bad("truncated type"));
             }
-            types.push(t);
         }
-
         let mut btf = KernelBtf {
             source: source.to_string(),
-            strings,
-            types,
+            data,
+            types_start,
+            types_len: type_len,
+            strings_start,
+            strings_len: str_len,
+            offsets,
             structs_by_name: HashMap::new(),
             typedefs_by_name: HashMap::new(),
         };
-        for (id, t) in btf.types.iter().enumerate() {
-            let name = btf.str_at(t.name);
-            if name.is_empty() {
+        for id in 1..btf.offsets.len() as u32 {
+            let t = btf.ty(id).expect("indexed");
+            if t.name == 0 {
                 continue;
             }
             match t.kind {
-                KIND_STRUCT | KIND_UNION => btf
-                    .structs_by_name
-                    .entry(name.to_string())
-                    .or_default()
-                    .push(id as u32),
+                KIND_STRUCT | KIND_UNION => {
+                    let name = btf.str_at(t.name).to_string();
+                    btf.structs_by_name.entry(name).or_default().push(id)
+                }
                 KIND_TYPEDEF => {
-                    btf.typedefs_by_name.insert(name.to_string(), id as u32);
+                    let name = btf.str_at(t.name);
+                    if name.starts_with("btf_trace_") {
+                        btf.typedefs_by_name.insert(name.to_string(), id);
+                    }
                 }
                 _ => {}
             }
@@ -195,12 +168,67 @@ impl KernelBtf {
         Ok(btf)
     }
 
+    fn tsec(&self) -> &[u8] {
+        &self.data[self.types_start..self.types_start + self.types_len]
+    }
+
+    fn ty(&self, id: u32) -> Option<Type> {
+        if id == 0 {
+            return Some(Type {
+                name: 0,
+                kind: 0,
+                size_or_type: 0,
+                vlen: 0,
+                kind_flag: false,
+                extra: 0,
+            });
+        }
+        let pos = *self.offsets.get(id as usize)? as usize;
+        let t = self.tsec();
+        let info = u32_at(t, pos + 4)?;
+        Some(Type {
+            name: u32_at(t, pos)?,
+            kind: (info >> 24) & 0x1f,
+            size_or_type: u32_at(t, pos + 8)?,
+            vlen: (info & 0xffff) as usize,
+            kind_flag: info >> 31 == 1,
+            extra: pos + 12,
+        })
+    }
+
+    /// Members of a STRUCT/UNION, or parameters of a FUNC_PROTO (bit_offset 0).
+    fn members(&self, t: &Type) -> Vec<Member> {
+        let tsec = self.tsec();
+        let (stride, is_proto) = match t.kind {
+            KIND_STRUCT | KIND_UNION => (12, false),
+            KIND_FUNC_PROTO => (8, true),
+            _ => return vec![],
+        };
+        (0..t.vlen)
+            .filter_map(|i| {
+                let m = t.extra + i * stride;
+                let off = if is_proto { 0 } else { u32_at(tsec, m + 8)? };
+                Some(Member {
+                    name: u32_at(tsec, m)?,
+                    type_id: u32_at(tsec, m + 4)?,
+                    bit_offset: if t.kind_flag { off & 0xff_ffff } else { off },
+                })
+            })
+            .collect()
+    }
+
+    fn array_of(&self, t: &Type) -> Option<(u32, u32)> {
+        let tsec = self.tsec();
+        Some((u32_at(tsec, t.extra)?, u32_at(tsec, t.extra + 8)?))
+    }
+
     pub fn source(&self) -> &str {
         &self.source
     }
 
     fn str_at(&self, off: u32) -> &str {
-        let s = &self.strings[(off as usize).min(self.strings.len())..];
+        let strings = &self.data[self.strings_start..self.strings_start + self.strings_len];
+        let s = &strings[(off as usize).min(strings.len())..];
         let end = s.iter().position(|&c| c == 0).unwrap_or(s.len());
         std::str::from_utf8(&s[..end]).unwrap_or("")
     }
@@ -208,7 +236,7 @@ impl KernelBtf {
     /// Follows typedefs and qualifiers.
     fn resolve(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
-            let Some(t) = self.types.get(id as usize) else {
+            let Some(t) = self.ty(id) else {
                 return 0;
             };
             match t.kind {
@@ -223,7 +251,7 @@ impl KernelBtf {
 
     fn size_of(&self, id: u32) -> u32 {
         let id = self.resolve(id);
-        let Some(t) = self.types.get(id as usize) else {
+        let Some(t) = self.ty(id) else {
             return 0;
         };
         match t.kind {
@@ -231,8 +259,8 @@ impl KernelBtf {
             KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 | KIND_FLOAT => {
                 t.size_or_type
             }
-            KIND_ARRAY => t
-                .array
+            KIND_ARRAY => self
+                .array_of(&t)
                 .map(|(e, n)| self.size_of(e).saturating_mul(n))
                 .unwrap_or(0),
             _ => 0,
@@ -246,7 +274,7 @@ impl KernelBtf {
             .and_then(|ids| {
                 ids.iter()
                     .copied()
-                    .max_by_key(|&id| self.types[id as usize].members.len())
+                    .max_by_key(|&id| self.ty(id).map_or(0, |t| t.vlen))
             })
             .ok_or_else(|| BtfError::NoStruct(name.to_string()))
     }
@@ -254,15 +282,15 @@ impl KernelBtf {
     /// Finds a member by name, descending into anonymous structs/unions. Returns the byte
     /// offset and the member's type id.
     fn member_in(&self, sid: u32, name: &str) -> Option<(u32, u32)> {
-        let t = &self.types[sid as usize];
-        for m in &t.members {
+        let t = self.ty(sid)?;
+        for m in &self.members(&t) {
             let mname = self.str_at(m.name);
             if mname == name {
                 return Some((m.bit_offset / 8, m.type_id));
             }
             if mname.is_empty() {
                 let inner = self.resolve(m.type_id);
-                let k = self.types.get(inner as usize).map(|t| t.kind);
+                let k = self.ty(inner).map(|t| t.kind);
                 if matches!(k, Some(KIND_STRUCT) | Some(KIND_UNION)) {
                     if let Some((off, tid)) = self.member_in(inner, name) {
                         return Some((m.bit_offset / 8 + off, tid));
@@ -307,16 +335,16 @@ impl KernelBtf {
     pub fn tracepoint_params(&self, name: &str) -> Option<Vec<String>> {
         let td = *self.typedefs_by_name.get(&format!("btf_trace_{name}"))?;
         let ptr = self.resolve(td);
-        let proto = self.types.get(ptr as usize)?;
+        let proto = self.ty(ptr)?;
         if proto.kind != KIND_PTR {
             return None;
         }
-        let fp = self.types.get(proto.size_or_type as usize)?;
+        let fp = self.ty(proto.size_or_type)?;
         if fp.kind != KIND_FUNC_PROTO {
             return None;
         }
         Some(
-            fp.members
+            self.members(&fp)
                 .iter()
                 .skip(1)
                 .map(|p| self.type_name(p.type_id))
@@ -325,7 +353,7 @@ impl KernelBtf {
     }
 
     fn type_name(&self, id: u32) -> String {
-        let Some(t) = self.types.get(id as usize) else {
+        let Some(t) = self.ty(id) else {
             return "?".into();
         };
         match t.kind {

@@ -9,8 +9,8 @@ use aya::{
     Ebpf,
 };
 use isolator_common::{
-    IoKey, IoStats, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_INFLIGHT_PEAK, MAP_STATS,
-    STATE_MAP_FULL, STATE_PREEXISTING,
+    Inflight, IoKey, IoStats, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_STATS, STATE_EPOCH,
+    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
 };
 
 /// Sparse histogram delta: (bucket index, count), ascending by index.
@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub preexisting_completions: u64,
     /// Map inserts that failed because a map was full (cumulative): data was lost.
     pub map_full: u64,
+    /// The programs saw requests without a start time: block_rq_insert is needed.
+    pub need_insert: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,10 +137,11 @@ fn diff(key: IoKey, now: &Cumulative, prev: &Cumulative) -> KeyDelta {
 
 pub struct Collector {
     stats: PerCpuHashMap<MapData, IoKey, IoStats>,
-    inflight: BpfHashMap<MapData, IoKey, i64>,
-    peak: BpfHashMap<MapData, IoKey, i64>,
+    inflight: BpfHashMap<MapData, IoKey, Inflight>,
     state: Array<MapData, u64>,
     prev: HashMap<IoKey, Cumulative>,
+    /// In-flight count of each key at the end of the previous cycle.
+    prev_inflight: HashMap<IoKey, i64>,
     cycle: u64,
     last_read_ns: u64,
 }
@@ -166,9 +169,9 @@ impl Collector {
         let mut c = Collector {
             stats: take(ebpf, MAP_STATS)?,
             inflight: take(ebpf, MAP_INFLIGHT)?,
-            peak: take(ebpf, MAP_INFLIGHT_PEAK)?,
             state: take(ebpf, MAP_AGENT_STATE)?,
             prev: HashMap::new(),
+            prev_inflight: HashMap::new(),
             cycle: 0,
             last_read_ns: monotonic_ns(),
         };
@@ -204,9 +207,12 @@ impl Collector {
         // Keys removed from the maps (by forget()) drop their baseline too.
         self.prev.retain(|k, _| seen.contains(k));
 
-        let inflight: HashMap<IoKey, i64> = self.inflight.iter().filter_map(Result::ok).collect();
-        let peaks: HashMap<IoKey, i64> = self.peak.iter().filter_map(Result::ok).collect();
-        for (key, now) in &inflight {
+        // Peaks: the programs restart a key's peak at its first issue in a new epoch.
+        let epoch = self.cycle;
+        let inflight: HashMap<IoKey, Inflight> =
+            self.inflight.iter().filter_map(Result::ok).collect();
+        let _ = self.state.set(STATE_EPOCH, epoch + 1, 0);
+        for key in inflight.keys() {
             if !seen.contains(key) {
                 // In flight but nothing completed or queued yet: still worth reporting.
                 deltas.push(KeyDelta {
@@ -214,25 +220,27 @@ impl Collector {
                     ..Default::default()
                 });
             }
-            // The next cycle's peak starts from the current level.
-            let _ = self.peak.insert(key, (*now).max(0), 0);
         }
+        let mut ends = HashMap::with_capacity(inflight.len());
         for d in &mut deltas {
-            let raw = inflight.get(&d.key).copied().unwrap_or(0);
-            if raw < 0 && d.ios == 0 && d.queue_count == 0 {
+            let v = inflight.get(&d.key).copied().unwrap_or_default();
+            if v.count < 0 && d.ios == 0 && d.queue_count == 0 {
                 // Completions of requests issued before attach were not counted in; an
                 // idle key cannot have negative requests in flight.
-                let _ = self.inflight.insert(d.key, 0, 0);
+                let _ = self.inflight.insert(d.key, Inflight::default(), 0);
             }
-            let now = raw.max(0) as u64;
-            d.inflight_now = now;
-            d.inflight_peak = peaks
-                .get(&d.key)
-                .copied()
-                .unwrap_or(0)
-                .max(0)
-                .max(now as i64) as u64;
+            let now = v.count.max(0);
+            // Highest of: level carried in from the last cycle, level now, and the peak
+            // the programs saw after this cycle's first issue.
+            let mut peak = now.max(self.prev_inflight.get(&d.key).copied().unwrap_or(0));
+            if v.epoch == epoch {
+                peak = peak.max(v.peak);
+            }
+            d.inflight_now = now as u64;
+            d.inflight_peak = peak as u64;
+            ends.insert(d.key, now);
         }
+        self.prev_inflight = ends;
         deltas.sort_by_key(|d| d.key);
 
         Ok(Snapshot {
@@ -241,6 +249,7 @@ impl Collector {
             deltas,
             preexisting_completions: self.state.get(&STATE_PREEXISTING, 0).unwrap_or(0),
             map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
+            need_insert: self.state.get(&STATE_NEED_INSERT, 0).unwrap_or(0) != 0,
         })
     }
 
@@ -256,8 +265,8 @@ impl Collector {
         for k in keys {
             let _ = self.stats.remove(&k);
             let _ = self.inflight.remove(&k);
-            let _ = self.peak.remove(&k);
             self.prev.remove(&k);
+            self.prev_inflight.remove(&k);
         }
     }
 

@@ -78,6 +78,8 @@ pub enum Event {
         map_full: u64,
         missed_events: u64,
         collect_us: u64,
+        /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
+        programs: Vec<crate::probe::ProgramStats>,
     },
     Warning {
         code: String,

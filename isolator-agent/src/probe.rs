@@ -6,7 +6,7 @@ use std::path::Path;
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{programs::RawTracePoint, Ebpf, EbpfLoader};
-use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, PROGRAMS};
+use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS};
 
 use crate::btf::{BtfError, KernelBtf};
 
@@ -37,6 +37,7 @@ pub enum ProbeError {
 pub struct Probe {
     pub ebpf: Ebpf,
     pub offsets: KernelOffsets,
+    on_demand_attached: bool,
 }
 
 /// Checks the tracepoints the programs need exist with the expected first argument.
@@ -78,8 +79,6 @@ impl Probe {
             .override_global(OFFSETS_GLOBAL, &offsets, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(error_chain(&e)))?;
-        // Completion before issue: a request is never counted in flight without a program
-        // to take it out again.
         for (prog, tp) in PROGRAMS {
             let p: &mut RawTracePoint = ebpf
                 .program_mut(prog)
@@ -88,10 +87,34 @@ impl Probe {
                 .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))?;
             p.load()
                 .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
-            p.attach(tp)
-                .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
+            if prog != ON_DEMAND_PROGRAM {
+                p.attach(tp)
+                    .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
+            }
         }
-        Ok(Probe { ebpf, offsets })
+        Ok(Probe {
+            ebpf,
+            offsets,
+            on_demand_attached: false,
+        })
+    }
+
+    /// Attaches block_rq_insert, which only queues without request start times need
+    /// (it would otherwise run on every request for nothing). Idempotent.
+    pub fn attach_insert(&mut self) -> Result<bool, ProbeError> {
+        if self.on_demand_attached {
+            return Ok(false);
+        }
+        let p: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(ON_DEMAND_PROGRAM)
+            .ok_or_else(|| ProbeError::Load(format!("{ON_DEMAND_PROGRAM} missing")))?
+            .try_into()
+            .map_err(|e| ProbeError::Load(format!("{ON_DEMAND_PROGRAM}: {e}")))?;
+        p.attach(ON_DEMAND_PROGRAM)
+            .map_err(|e| ProbeError::Attach(ON_DEMAND_PROGRAM.to_string(), error_chain(&e)))?;
+        self.on_demand_attached = true;
+        Ok(true)
     }
 }
 
@@ -117,7 +140,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Kernel statistics of one attached program (`bpf_prog_info`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ProgramStats {
     pub name: &'static str,
     /// Runs and total run time; only counted while kernel.bpf_stats_enabled=1.

@@ -120,7 +120,6 @@ pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 /// Map names, shared by the programs and the loader.
 pub const MAP_STATS: &str = "IO_STATS";
 pub const MAP_INFLIGHT: &str = "INFLIGHT";
-pub const MAP_INFLIGHT_PEAK: &str = "INFLIGHT_PEAK";
 pub const MAP_ISSUE_TS: &str = "ISSUE_TS";
 pub const MAP_INSERT_TS: &str = "INSERT_TS";
 pub const MAP_FALLBACK_DEVS: &str = "FALLBACK_DEVS";
@@ -132,14 +131,34 @@ pub const STATE_FIRST_ISSUE_NS: u32 = 0;
 pub const STATE_PREEXISTING: u32 = 1;
 /// Count of failed map inserts (map full): data lost, reported by the agent.
 pub const STATE_MAP_FULL: u32 = 2;
-pub const STATE_SLOTS: u32 = 4;
+/// Current cycle number as userspace last set it; resets per-cycle peaks.
+pub const STATE_EPOCH: u32 = 3;
+/// Non-zero once some disk's queue does not fill `io_start_time_ns` (FALLBACK_DEVS used).
+pub const STATE_FALLBACK_ANY: u32 = 4;
+/// Non-zero once a request without `start_time_ns` was seen: block_rq_insert is needed.
+pub const STATE_NEED_INSERT: u32 = 5;
+pub const STATE_SLOTS: u32 = 8;
 
-/// Program names (function names in the eBPF object) and their tracepoints.
+/// In-flight requests of one key (shared by all CPUs, updated atomically).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inflight {
+    /// Dispatched and not yet completed.
+    pub count: i64,
+    /// Highest `count` seen since the first issue in cycle `epoch`.
+    pub peak: i64,
+    pub epoch: u64,
+}
+
+/// Program names (function names in the eBPF object) and their tracepoints. Completion is
+/// attached before issue, so no request is counted in flight without a way out.
 pub const PROGRAMS: [(&str, &str); 3] = [
     ("block_rq_complete", "block_rq_complete"),
-    ("block_rq_insert", "block_rq_insert"),
     ("block_rq_issue", "block_rq_issue"),
+    ("block_rq_insert", "block_rq_insert"),
 ];
+/// Attached only when STATE_NEED_INSERT says the queue gives requests no start time.
+pub const ON_DEMAND_PROGRAM: &str = "block_rq_insert";
 
 #[cfg(feature = "user")]
 mod pod {
@@ -147,4 +166,5 @@ mod pod {
     unsafe impl aya::Pod for super::IoKey {}
     unsafe impl aya::Pod for super::IoStats {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::Inflight {}
 }

@@ -21,9 +21,10 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use isolator_common::{
-    kernel_dev, latency_bucket, IoKey, IoStats, KernelOffsets, HIST_BUCKETS, OFFSETS_HAVE_BLKCG,
-    OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ,
-    REQ_OP_WRITE, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_PREEXISTING, UNATTRIBUTED_CGROUP,
+    kernel_dev, latency_bucket, Inflight, IoKey, IoStats, KernelOffsets, HIST_BUCKETS,
+    OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK,
+    REQ_OP_READ, REQ_OP_WRITE, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
+    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -59,10 +60,7 @@ static IO_STATS: PerCpuHashMap<IoKey, IoStats> =
 static ZERO_STATS: PerCpuArray<IoStats> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "INFLIGHT")]
-static INFLIGHT: HashMap<IoKey, i64> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
-
-#[map(name = "INFLIGHT_PEAK")]
-static INFLIGHT_PEAK: HashMap<IoKey, i64> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+static INFLIGHT: HashMap<IoKey, Inflight> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
 
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
@@ -72,11 +70,21 @@ static ISSUE_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 #[map(name = "INSERT_TS")]
 static INSERT_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
+/// Requests counted in flight during the first moments after attach, when a request's
+/// plug-cached `io_start_time_ns` can predate the first issue this program saw.
+#[map(name = "EARLY_COUNTED")]
+static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
+
+/// Completions with `io_start_time_ns` below first_issue + EARLY_CHECK_NS ask EARLY_COUNTED;
+/// the issue side records for twice as long, which covers plug timestamps up to
+/// EARLY_CHECK_NS stale (the kernel drops a plug's cached time whenever the task sleeps).
+const EARLY_CHECK_NS: u64 = 100_000_000;
+
 #[map(name = "FALLBACK_DEVS")]
 static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 
 #[map(name = "AGENT_STATE")]
-static AGENT_STATE: Array<u64> = Array::with_max_entries(4, 0);
+static AGENT_STATE: Array<u64> = Array::with_max_entries(STATE_SLOTS, 0);
 
 #[inline(always)]
 fn offsets() -> KernelOffsets {
@@ -178,12 +186,28 @@ fn count_state(slot: u32) {
 }
 
 #[inline(always)]
-fn counter(map: &HashMap<IoKey, i64>, key: &IoKey) -> Option<*mut i64> {
-    if let Some(p) = map.get_ptr_mut(key) {
+fn inflight_for(key: &IoKey) -> Option<*mut Inflight> {
+    if let Some(p) = INFLIGHT.get_ptr_mut(key) {
         return Some(p);
     }
-    let _ = map.insert(key, 0i64, BPF_NOEXIST);
-    map.get_ptr_mut(key)
+    let _ = INFLIGHT.insert(key, Inflight::default(), BPF_NOEXIST);
+    INFLIGHT.get_ptr_mut(key)
+}
+
+#[inline(always)]
+fn state(slot: u32) -> u64 {
+    match AGENT_STATE.get(slot) {
+        Some(v) => *v,
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn set_state(slot: u32, v: u64) {
+    if let Some(p) = AGENT_STATE.get_ptr_mut(slot) {
+        // SAFETY: valid map value pointer.
+        unsafe { core::ptr::write_volatile(p, v) };
+    }
 }
 
 /// Atomically adds `delta` to a shared counter and returns the new value.
@@ -195,10 +219,7 @@ fn add_shared(p: *mut i64, delta: i64) -> i64 {
 
 #[inline(always)]
 fn first_issue_ns() -> u64 {
-    match AGENT_STATE.get(STATE_FIRST_ISSUE_NS) {
-        Some(v) => *v,
-        None => 0,
-    }
+    state(STATE_FIRST_ISSUE_NS)
 }
 
 /// block_rq_insert(struct request *rq): only needed when the request has no start time.
@@ -228,13 +249,16 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
     let Some(req) = (unsafe { describe(&o, rq) }) else {
         return 0;
     };
-    if first_issue_ns() == 0 {
+    let mut first = first_issue_ns();
+    if first == 0 {
         if let Some(p) = AGENT_STATE.get_ptr_mut(STATE_FIRST_ISSUE_NS) {
             // SAFETY: valid map value pointer; first writer wins.
             let _ = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(p, 0, now) };
         }
+        first = first_issue_ns();
     }
-    let first_issue = if FALLBACK_DEVS.get_ptr(req.key.dev).is_some() {
+    let fallback = state(STATE_FALLBACK_ANY) != 0 && FALLBACK_DEVS.get_ptr(req.key.dev).is_some();
+    let first_issue = if fallback {
         let seen = unsafe { ISSUE_TS.get(rq) }.is_some();
         let _ = ISSUE_TS.insert(rq, now, 0);
         !seen
@@ -245,8 +269,15 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
     if !first_issue {
         return 0;
     }
+    if !fallback && now < first + 2 * EARLY_CHECK_NS {
+        let _ = EARLY_COUNTED.insert(rq, 1u8, 0);
+    }
 
     let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    if start == 0 && !req.passthrough && state(STATE_NEED_INSERT) == 0 {
+        // Ask the agent to attach block_rq_insert for queue times on this queue.
+        set_state(STATE_NEED_INSERT, 1);
+    }
     let queue_ns = if start != 0 && start <= now {
         Some(now - start)
     } else if let Some(t) = unsafe { INSERT_TS.get(rq) } {
@@ -275,14 +306,17 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
         }
     }
 
-    if let Some(c) = counter(&INFLIGHT, &req.key) {
-        let n = add_shared(c, 1);
-        if let Some(p) = counter(&INFLIGHT_PEAK, &req.key) {
-            // A lost race here under-reports the peak by one request at most.
-            unsafe {
-                if n > core::ptr::read_volatile(p) {
-                    core::ptr::write_volatile(p, n);
-                }
+    if let Some(v) = inflight_for(&req.key) {
+        // SAFETY: v is a valid map value; count is updated atomically, peak/epoch racily
+        // (a lost race under-reports a peak by one request at most).
+        unsafe {
+            let n = add_shared(&mut (*v).count, 1);
+            let epoch = state(STATE_EPOCH);
+            if core::ptr::read_volatile(&(*v).epoch) != epoch {
+                core::ptr::write_volatile(&mut (*v).epoch, epoch);
+                core::ptr::write_volatile(&mut (*v).peak, n);
+            } else if n > core::ptr::read_volatile(&(*v).peak) {
+                core::ptr::write_volatile(&mut (*v).peak, n);
             }
         }
     }
@@ -290,11 +324,22 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
 }
 
 /// Was this request counted in flight by block_rq_issue? Requests issued before the
-/// programs were attached were not.
+/// programs were attached were not; near the attach time the timestamps cannot tell, and
+/// EARLY_COUNTED does.
 #[inline(always)]
-fn issued_since_attach(issue_ns: u64) -> bool {
+fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
     let first = first_issue_ns();
-    first != 0 && issue_ns >= first
+    if first == 0 {
+        return false;
+    }
+    if issue_ns >= first + EARLY_CHECK_NS {
+        return true;
+    }
+    let hit = unsafe { EARLY_COUNTED.get(rq) }.is_some();
+    if hit {
+        let _ = EARLY_COUNTED.remove(rq);
+    }
+    hit
 }
 
 /// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).
@@ -318,10 +363,11 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
         if io_start != 0 {
             issue_ns = io_start;
-            counted = issued_since_attach(io_start);
+            counted = issued_since_attach(rq, io_start);
         } else if !req.passthrough {
             if FALLBACK_DEVS.get_ptr(req.key.dev).is_none() {
                 let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
+                set_state(STATE_FALLBACK_ANY, 1);
             }
             if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
                 issue_ns = *t;
@@ -353,8 +399,9 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         }
     }
     if last && counted {
-        if let Some(c) = counter(&INFLIGHT, &req.key) {
-            add_shared(c, -1);
+        if let Some(v) = INFLIGHT.get_ptr_mut(&req.key) {
+            // SAFETY: valid map value pointer.
+            add_shared(unsafe { &mut (*v).count }, -1);
         }
     }
     0
