@@ -109,7 +109,7 @@ impl Agent {
             kernel: privileges::kernel_release(),
             cgroup_mode: hierarchy.mode,
             cgroup_root: hierarchy.root.display().to_string(),
-            attach: "raw_tracepoint".into(),
+            attach: "btf_tracepoint".into(),
             interval_s: opts.interval.as_secs_f64(),
         })?;
         sink.flush()?;

@@ -222,6 +222,11 @@ impl KernelBtf {
         Some((u32_at(tsec, t.extra)?, u32_at(tsec, t.extra + 8)?))
     }
 
+    /// The raw BTF bytes as read.
+    pub fn raw(&self) -> &[u8] {
+        &self.data
+    }
+
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -330,7 +335,7 @@ impl KernelBtf {
         self.find_struct(name).is_ok()
     }
 
-    /// Parameter type names of a raw tracepoint (`btf_trace_<name>` typedef), without the
+    /// Parameter type names of a tracepoint (`btf_trace_<name>` typedef), without the
     /// leading `void *__data`. None if the kernel has no such tracepoint.
     pub fn tracepoint_params(&self, name: &str) -> Option<Vec<String>> {
         let td = *self.typedefs_by_name.get(&format!("btf_trace_{name}"))?;

@@ -114,7 +114,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
             "tracepoints",
             Ok,
             format!(
-                "block_rq_{{insert,issue,complete}} as raw tracepoints (no tracefs needed; tracefs {})",
+                "block_rq_{{insert,issue,complete}} as BTF tracepoints (tp_btf, no tracefs needed; tracefs {})",
                 if tracefs { "mounted" } else { "not mounted" }
             ),
             None,

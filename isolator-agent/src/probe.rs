@@ -1,11 +1,11 @@
 //! Loads the embedded eBPF object with this kernel's struct offsets and attaches it to the
-//! block request tracepoints as raw tracepoints (no tracefs needed).
+//! block request tracepoints as BTF tracepoints (tp_btf; no tracefs needed).
 
 use std::path::Path;
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use aya::{programs::RawTracePoint, Ebpf, EbpfLoader};
+use aya::{programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
 use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS};
 
 use crate::btf::{BtfError, KernelBtf};
@@ -23,7 +23,7 @@ pub enum ProbeError {
         "{0}; this kernel's block layer is not supported (pass --btf with a matching BTF file)"
     )]
     Btf(#[from] BtfError),
-    #[error("kernel has no raw tracepoint {0}: needs a kernel with block tracepoints (CONFIG_BLK_DEV_IO_TRACE or CONFIG_EVENT_TRACING)")]
+    #[error("kernel BTF has no tracepoint {0}: needs a kernel with block tracepoints (CONFIG_BLK_DEV_IO_TRACE or CONFIG_EVENT_TRACING)")]
     NoTracepoint(String),
     #[error("tracepoint {0} has arguments ({1}), expected struct request* first")]
     TracepointShape(String, String),
@@ -71,6 +71,9 @@ pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
 
 impl Probe {
     pub fn load(btf: &KernelBtf) -> Result<Self, ProbeError> {
+        // aya's own view of the kernel BTF, for the programs' attach targets.
+        let aya_btf = Btf::parse(btf.raw(), aya::Endianness::default())
+            .map_err(|e| ProbeError::Load(format!("kernel BTF: {e}")))?;
         let offsets = btf.kernel_offsets()?;
         check_tracepoints(btf)?;
         let mut ebpf = EbpfLoader::new()
@@ -80,15 +83,15 @@ impl Probe {
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(error_chain(&e)))?;
         for (prog, tp) in PROGRAMS {
-            let p: &mut RawTracePoint = ebpf
+            let p: &mut BtfTracePoint = ebpf
                 .program_mut(prog)
                 .ok_or_else(|| ProbeError::Load(format!("program {prog} missing from object")))?
                 .try_into()
                 .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))?;
-            p.load()
+            p.load(tp, &aya_btf)
                 .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
             if prog != ON_DEMAND_PROGRAM {
-                p.attach(tp)
+                p.attach()
                     .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
             }
         }
@@ -105,13 +108,13 @@ impl Probe {
         if self.on_demand_attached {
             return Ok(false);
         }
-        let p: &mut RawTracePoint = self
+        let p: &mut BtfTracePoint = self
             .ebpf
             .program_mut(ON_DEMAND_PROGRAM)
             .ok_or_else(|| ProbeError::Load(format!("{ON_DEMAND_PROGRAM} missing")))?
             .try_into()
             .map_err(|e| ProbeError::Load(format!("{ON_DEMAND_PROGRAM}: {e}")))?;
-        p.attach(ON_DEMAND_PROGRAM)
+        p.attach()
             .map_err(|e| ProbeError::Attach(ON_DEMAND_PROGRAM.to_string(), error_chain(&e)))?;
         self.on_demand_attached = true;
         Ok(true)
@@ -191,7 +194,7 @@ impl Probe {
         PROGRAMS
             .iter()
             .filter_map(|(name, _)| {
-                let p: &RawTracePoint = self.ebpf.program(name)?.try_into().ok()?;
+                let p: &BtfTracePoint = self.ebpf.program(name)?.try_into().ok()?;
                 let fd = p.fd().ok()?.as_fd().as_raw_fd();
                 let info = prog_info(fd)?;
                 Some(ProgramStats {

@@ -15,10 +15,10 @@
 use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering::Relaxed};
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{map, raw_tracepoint},
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
-    programs::RawTracePointContext,
+    programs::BtfTracePointContext,
 };
 use isolator_common::{
     kernel_dev, latency_bucket, Inflight, IoKey, IoStats, KernelOffsets, HIST_BUCKETS,
@@ -92,12 +92,17 @@ fn offsets() -> KernelOffsets {
     unsafe { core::ptr::read_volatile(&OFFSETS) }
 }
 
+/// Reads a field of a kernel object. The programs are BTF tracepoints: the verifier knows
+/// the type of every pointer reached from the tracepoint's `struct request *` and turns
+/// these loads into fault-safe direct loads, far cheaper than bpf_probe_read_kernel. The
+/// offsets are constants (frozen read-only global), so the verifier checks each access
+/// against the running kernel's BTF.
 #[inline(always)]
-unsafe fn read_at<T>(base: u64, off: u32) -> Option<T> {
+unsafe fn read_at<T: Copy>(base: u64, off: u32) -> Option<T> {
     if base == 0 {
         return None;
     }
-    bpf_probe_read_kernel((base + off as u64) as *const T).ok()
+    Some(core::ptr::read_volatile((base + off as u64) as *const T))
 }
 
 struct Request {
@@ -223,8 +228,8 @@ fn first_issue_ns() -> u64 {
 }
 
 /// block_rq_insert(struct request *rq): only needed when the request has no start time.
-#[raw_tracepoint(tracepoint = "block_rq_insert")]
-pub fn block_rq_insert(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let o = offsets();
     let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
@@ -241,8 +246,8 @@ pub fn block_rq_insert(ctx: RawTracePointContext) -> i32 {
 /// re-dispatched without a requeue tracepoint. It is counted on its first issue only:
 /// `io_start_time_ns` is still 0 then (the kernel sets it right after this tracepoint and
 /// zeroes it when the request is allocated); on fallback devices, ISSUE_TS tells.
-#[raw_tracepoint(tracepoint = "block_rq_issue")]
-pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let o = offsets();
     let now = unsafe { bpf_ktime_get_ns() };
@@ -343,8 +348,8 @@ fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
 }
 
 /// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).
-#[raw_tracepoint(tracepoint = "block_rq_complete")]
-pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u64 = ctx.arg::<u64>(2) & 0xffff_ffff;
     let o = offsets();
