@@ -101,7 +101,7 @@ impl Agent {
         }
         let hierarchy = IoHierarchy::detect()?;
         let btf = probe::load_btf(&opts.btf)?;
-        let mut probe = Probe::load(&btf)?;
+        let mut probe = Probe::load(btf)?;
         let collector = Collector::new(&mut probe.ebpf)?;
         sink.emit(&Event::AgentStart {
             version: env!("CARGO_PKG_VERSION").into(),

@@ -222,9 +222,9 @@ impl KernelBtf {
         Some((u32_at(tsec, t.extra)?, u32_at(tsec, t.extra + 8)?))
     }
 
-    /// The raw BTF bytes as read.
-    pub fn raw(&self) -> &[u8] {
-        &self.data
+    /// Gives up the index and returns the raw BTF bytes.
+    pub fn into_raw(self) -> Vec<u8> {
+        self.data
     }
 
     pub fn source(&self) -> &str {

@@ -123,7 +123,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     });
 
     if privileged {
-        items.push(match Probe::load(&btf) {
+        items.push(match Probe::load(btf) {
             Result::Ok(_p) => item(
                 "load",
                 Ok,

@@ -70,12 +70,15 @@ pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
 }
 
 impl Probe {
-    pub fn load(btf: &KernelBtf) -> Result<Self, ProbeError> {
-        // aya's own view of the kernel BTF, for the programs' attach targets.
-        let aya_btf = Btf::parse(btf.raw(), aya::Endianness::default())
-            .map_err(|e| ProbeError::Load(format!("kernel BTF: {e}")))?;
+    pub fn load(btf: KernelBtf) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
-        check_tracepoints(btf)?;
+        check_tracepoints(&btf)?;
+        // aya's own (much larger) model of the kernel BTF, for the programs' attach targets;
+        // ours is dropped first so the two never coexist in memory.
+        let raw = btf.into_raw();
+        let aya_btf = Btf::parse(&raw, aya::Endianness::default())
+            .map_err(|e| ProbeError::Load(format!("kernel BTF: {e}")))?;
+        drop(raw);
         let mut ebpf = EbpfLoader::new()
             // The programs use no CO-RE relocations; offsets come in OFFSETS.
             .btf(None)
@@ -95,6 +98,7 @@ impl Probe {
                     .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
             }
         }
+        drop(aya_btf);
         Ok(Probe {
             ebpf,
             offsets,
