@@ -20,4 +20,14 @@ cargo xtask build
 
 echo "== tests"
 # Serial: the integration tests measure the same disk and must not disturb each other.
-cargo test --release --workspace -- --test-threads=1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --release --workspace -- --test-threads=1 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
+echo
+echo "isolator: ${passed} passed, ${failed} failed"
+exit "$rc"

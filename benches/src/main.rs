@@ -273,6 +273,8 @@ fn main() -> Result<()> {
     if mounted_tracefs {
         let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
     }
+    // The benchmark's data file is 1 GiB: leave nothing behind.
+    let _ = std::fs::remove_dir_all(&dir);
     let (Some(before), Some(after)) = (before, after) else {
         bail!("no cycle_end events with program stats");
     };
