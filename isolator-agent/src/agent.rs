@@ -173,6 +173,8 @@ impl Agent {
             preexisting_completions: snap.preexisting_completions,
             map_full: snap.map_full,
             missed_events: programs.iter().map(|p| p.recursion_misses).sum(),
+            issue_map_timing: snap.issue_map_timing,
+            insert_attached: self.probe.insert_attached(),
             collect_us: started.elapsed().as_micros() as u64,
             programs,
         })?;

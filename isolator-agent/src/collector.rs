@@ -10,7 +10,7 @@ use aya::{
 };
 use isolator_common::{
     Inflight, IoKey, IoStats, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_STATS, STATE_EPOCH,
-    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
+    STATE_FALLBACK_ANY, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
 };
 
 /// Sparse histogram delta: (bucket index, count), ascending by index.
@@ -53,6 +53,9 @@ pub struct Snapshot {
     pub map_full: u64,
     /// The programs saw requests without a start time: block_rq_insert is needed.
     pub need_insert: bool,
+    /// Some disk's queue does not fill io_start_time_ns: its requests are timed with an
+    /// issue-time map instead.
+    pub issue_map_timing: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +181,10 @@ impl Collector {
         // Baseline: whatever is already counted belongs to no cycle.
         c.collect()?;
         c.cycle = 0;
+        // Peaks recorded from now on belong to cycle 1.
+        c.state
+            .set(STATE_EPOCH, 1, 0)
+            .map_err(|e| CollectError::Map(MAP_AGENT_STATE, e))?;
         Ok(c)
     }
 
@@ -250,6 +257,7 @@ impl Collector {
             preexisting_completions: self.state.get(&STATE_PREEXISTING, 0).unwrap_or(0),
             map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
             need_insert: self.state.get(&STATE_NEED_INSERT, 0).unwrap_or(0) != 0,
+            issue_map_timing: self.state.get(&STATE_FALLBACK_ANY, 0).unwrap_or(0) != 0,
         })
     }
 

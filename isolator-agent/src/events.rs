@@ -77,6 +77,8 @@ pub enum Event {
         preexisting_completions: u64,
         map_full: u64,
         missed_events: u64,
+        issue_map_timing: bool,
+        insert_attached: bool,
         collect_us: u64,
         /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
         programs: Vec<crate::probe::ProgramStats>,

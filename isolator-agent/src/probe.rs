@@ -106,6 +106,10 @@ impl Probe {
         })
     }
 
+    pub fn insert_attached(&self) -> bool {
+        self.on_demand_attached
+    }
+
     /// Attaches block_rq_insert, which only queues without request start times need
     /// (it would otherwise run on every request for nothing). Idempotent.
     pub fn attach_insert(&mut self) -> Result<bool, ProbeError> {

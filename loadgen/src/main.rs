@@ -2,7 +2,8 @@
 //! fio is not available). Every run is bounded by bytes and by time.
 //!
 //!   isolator-loadgen --path FILE --op read|write|randread --bytes N [--bs 4096]
-//!                    [--direct] [--fsync] [--threads 1] [--seconds 30] [--cgroup DIR]
+//!                    [--direct] [--fsync] [--threads 1] [--seconds 30] [--offset BYTES]
+//!                    [--cgroup DIR]
 //!
 //! Prints one line: `ok op=... bytes=N ios=N secs=F`.
 
@@ -27,6 +28,7 @@ struct Args {
     fsync: bool,
     threads: usize,
     seconds: u64,
+    offset: u64,
     cgroup: Option<String>,
 }
 
@@ -40,6 +42,7 @@ fn parse() -> Result<Args, String> {
         fsync: false,
         threads: 1,
         seconds: 30,
+        offset: 0,
         cgroup: None,
     };
     let mut it = std::env::args().skip(1);
@@ -53,6 +56,7 @@ fn parse() -> Result<Args, String> {
             "--threads" => a.threads = val()?.parse().map_err(|e| format!("--threads: {e}"))?,
             "--seconds" => a.seconds = val()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--cgroup" => a.cgroup = Some(val()?),
+            "--offset" => a.offset = val()?.parse().map_err(|e| format!("--offset: {e}"))?,
             "--direct" => a.direct = true,
             "--fsync" => a.fsync = true,
             _ => return Err(format!("unknown argument {k}")),
@@ -139,7 +143,7 @@ fn main() -> ExitCode {
     let mut handles = vec![];
     for t in 0..a.threads {
         let (file, next, done_bytes) = (file.clone(), next.clone(), done_bytes.clone());
-        let (op, bs) = (a.op.clone(), a.bs);
+        let (op, bs, base) = (a.op.clone(), a.bs, a.offset);
         handles.push(std::thread::spawn(move || -> std::io::Result<()> {
             let mut buf = Aligned::new(bs);
             let mut rng = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
@@ -160,9 +164,9 @@ fn main() -> ExitCode {
                     _ => i * bs as u64,
                 };
                 if op == "write" {
-                    file.write_all_at(buf.buf(), off)?;
+                    file.write_all_at(buf.buf(), base + off)?;
                 } else {
-                    file.read_exact_at(buf.buf(), off)?;
+                    file.read_exact_at(buf.buf(), base + off)?;
                 }
                 done_bytes.fetch_add(bs as u64, Ordering::Relaxed);
             }

@@ -138,21 +138,7 @@ impl TestCgroup {
     pub fn kernel_bytes(&self, dev: &str) -> (u64, u64) {
         if self.v2 {
             let stat = std::fs::read_to_string(self.dir.join("io.stat")).unwrap();
-            for line in stat.lines() {
-                let mut it = line.split_whitespace();
-                if it.next() != Some(dev) {
-                    continue;
-                }
-                let kv: std::collections::HashMap<&str, u64> = it
-                    .filter_map(|f| f.split_once('='))
-                    .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
-                    .collect();
-                return (
-                    kv["rbytes"],
-                    kv["wbytes"] + kv.get("dbytes").copied().unwrap_or(0),
-                );
-            }
-            (0, 0)
+            io_stat_bytes(&stat, dev).unwrap_or((0, 0))
         } else {
             let stat =
                 std::fs::read_to_string(self.dir.join("blkio.throttle.io_service_bytes")).unwrap();
@@ -190,6 +176,25 @@ impl Drop for TestCgroup {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// (read, write + discard) bytes of `dev` in a cgroup v2 io.stat text.
+pub fn io_stat_bytes(stat: &str, dev: &str) -> Option<(u64, u64)> {
+    for line in stat.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() != Some(dev) {
+            continue;
+        }
+        let kv: std::collections::HashMap<&str, u64> = it
+            .filter_map(|f| f.split_once('='))
+            .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
+            .collect();
+        return Some((
+            kv.get("rbytes").copied().unwrap_or(0),
+            kv.get("wbytes").copied().unwrap_or(0) + kv.get("dbytes").copied().unwrap_or(0),
+        ));
+    }
+    None
 }
 
 /// Whole-disk "major:minor" holding a path's filesystem.

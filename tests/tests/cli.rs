@@ -80,30 +80,26 @@ fn not_root() {
     std::fs::set_permissions(&scratch.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = scratch.path("isolator");
     std::fs::copy(isolator_bin(), &bin).unwrap();
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(&bin)
-        .args(["run", "--interval", "1s"])
-        .output()
-        .unwrap();
-    one_line_error(&out, 1, &["root", "sudo"]);
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(&bin)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    one_line_error(
+        &as_nobody(&["run", "--interval", "1s"]),
+        1,
+        &["root", "sudo"],
+    );
     // `check` reports the same, with the fix, and fails.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(&bin)
-        .arg("check")
-        .output()
-        .unwrap();
+    let out = as_nobody(&["check"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(

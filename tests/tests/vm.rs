@@ -44,7 +44,7 @@ $L --cgroup /sys/fs/cgroup/a --path /dev/nullb0 --op randread --bytes 8388608 --
 P2=$!
 $L --cgroup /sys/fs/cgroup/b --path /dev/nullb0 --op read --bytes 16777216 --bs 16384 --direct &
 P3=$!
-sh -c 'echo $$ > /sys/fs/cgroup/b/cgroup.procs; exec /loadgen --path /dev/nullb0 --op write --bytes 8388608 --bs 65536 --seconds 60' &
+sh -c 'echo $$ > /sys/fs/cgroup/b/cgroup.procs; exec /loadgen --path /dev/nullb0 --op write --bytes 8388608 --bs 65536 --offset 536870912 --seconds 60' &
 P4=$!
 wait $P1 $P2 $P3 $P4
 # Buffered writes of b are flushed by writeback, which v2 charges to b.
@@ -201,24 +201,6 @@ fn section<'a>(out: &'a str, name: &str) -> &'a str {
     &body[..end]
 }
 
-fn io_stat_bytes(stat: &str, dev: &str) -> (u64, u64) {
-    for line in stat.lines() {
-        let mut it = line.split_whitespace();
-        if it.next() != Some(dev) {
-            continue;
-        }
-        let kv: std::collections::HashMap<&str, u64> = it
-            .filter_map(|f| f.split_once('='))
-            .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
-            .collect();
-        return (
-            kv["rbytes"],
-            kv["wbytes"] + kv.get("dbytes").copied().unwrap_or(0),
-        );
-    }
-    panic!("no {dev} in io.stat:\n{stat}");
-}
-
 fn agent_bytes_by_path(events: &[Value], path: &str, dev: &str) -> (u64, u64) {
     let id = events
         .iter()
@@ -265,21 +247,33 @@ fn run_vm(prefix: &str, release_prefix: &str) {
         .find(|e| e["type"] == "agent_start")
         .expect("agent_start");
     assert_eq!(start["cgroup_mode"], "v2");
+    let last_cycle = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "cycle_end")
+        .expect("cycle_end");
+    eprintln!(
+        "{prefix}: issue_map_timing={} insert_attached={} missed_events={}",
+        last_cycle["issue_map_timing"], last_cycle["insert_attached"], last_cycle["missed_events"]
+    );
     assert!(start["kernel"]
         .as_str()
         .unwrap()
         .starts_with(release_prefix));
     for (cg, min_r, min_w) in [("a", 8u64 << 20, 32u64 << 20), ("b", 16 << 20, 8 << 20)] {
-        let kernel = io_stat_bytes(section(&out, &format!("io.stat {cg}")), &dev);
+        let stat = section(&out, &format!("io.stat {cg}"));
+        let kernel =
+            io_stat_bytes(stat, &dev).unwrap_or_else(|| panic!("no {dev} in io.stat:\n{stat}"));
         let agent = agent_bytes_by_path(&events, &format!("/{cg}"), &dev);
         eprintln!("{prefix} cgroup {cg}: kernel {kernel:?} agent {agent:?}");
         for (what, k, a, min) in [
             ("read", kernel.0, agent.0, min_r),
             ("write", kernel.1, agent.1, min_w),
         ] {
+            // The load ran; exact agreement with the kernel is the check below.
             assert!(
-                k >= min,
-                "{cg} {what}: kernel counted {k}, load did not run"
+                k >= min / 10 * 9,
+                "{cg} {what}: kernel counted {k} of {min} bytes: the load did not run"
             );
             let err = (a as f64 - k as f64).abs() / k as f64;
             assert!(err <= 0.02, "{prefix} {cg} {what}: agent {a} vs kernel {k}");
