@@ -137,6 +137,19 @@ impl Agent {
             })?;
         }
         let live = self.registry.refresh();
+        for (key, count) in &snap.inflight_resets {
+            let cgroup = self.registry.cgroup(key.cgroup_id);
+            self.sink.emit(&Event::Warning {
+                code: "inflight_reset".into(),
+                message: format!(
+                    "cleared {count} request(s) counted in flight for cgroup {} ({}) on {}:{}: no issue or completion for 30 s, so their completions were not seen",
+                    cgroup.path.as_deref().unwrap_or("?"),
+                    key.cgroup_id,
+                    dev_major(key.dev),
+                    dev_minor(key.dev)
+                ),
+            })?;
+        }
         let interval_s = snap.interval_ns as f64 / 1e9;
 
         let records = self.records(&snap);

@@ -56,7 +56,14 @@ pub struct Snapshot {
     /// Some disk's queue does not fill io_start_time_ns: its requests are timed with an
     /// issue-time map instead.
     pub issue_map_timing: bool,
+    /// Keys whose in-flight count was reset this cycle, with the count cleared.
+    pub inflight_resets: Vec<(IoKey, i64)>,
 }
+
+/// A request cannot stay in flight with no issue and no completion on its key for longer
+/// than the block layer's default request timeout (30 s): a count left after that is from a
+/// completion the programs did not see, and is cleared.
+pub const STALE_INFLIGHT_NS: u64 = 30_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
@@ -145,6 +152,8 @@ pub struct Collector {
     prev: HashMap<IoKey, Cumulative>,
     /// In-flight count of each key at the end of the previous cycle.
     prev_inflight: HashMap<IoKey, i64>,
+    /// Since when a key with requests in flight has seen no issue and no completion.
+    idle_since_ns: HashMap<IoKey, u64>,
     cycle: u64,
     last_read_ns: u64,
 }
@@ -175,6 +184,7 @@ impl Collector {
             state: take(ebpf, MAP_AGENT_STATE)?,
             prev: HashMap::new(),
             prev_inflight: HashMap::new(),
+            idle_since_ns: HashMap::new(),
             cycle: 0,
             last_read_ns: monotonic_ns(),
         };
@@ -229,8 +239,21 @@ impl Collector {
             }
         }
         let mut ends = HashMap::with_capacity(inflight.len());
+        let mut inflight_resets = Vec::new();
         for d in &mut deltas {
-            let v = inflight.get(&d.key).copied().unwrap_or_default();
+            let mut v = inflight.get(&d.key).copied().unwrap_or_default();
+            let idle = d.ios == 0 && d.queue_count == 0 && d.bytes == 0;
+            if v.count > 0 && idle {
+                let since = *self.idle_since_ns.entry(d.key).or_insert(now_ns);
+                if now_ns.saturating_sub(since) >= STALE_INFLIGHT_NS {
+                    let _ = self.inflight.insert(d.key, Inflight::default(), 0);
+                    inflight_resets.push((d.key, v.count));
+                    self.idle_since_ns.remove(&d.key);
+                    v = Inflight::default();
+                }
+            } else {
+                self.idle_since_ns.remove(&d.key);
+            }
             if v.count < 0 && d.ios == 0 && d.queue_count == 0 {
                 // Completions of requests issued before attach were not counted in; an
                 // idle key cannot have negative requests in flight.
@@ -258,6 +281,7 @@ impl Collector {
             map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
             need_insert: self.state.get(&STATE_NEED_INSERT, 0).unwrap_or(0) != 0,
             issue_map_timing: self.state.get(&STATE_FALLBACK_ANY, 0).unwrap_or(0) != 0,
+            inflight_resets,
         })
     }
 
@@ -275,6 +299,7 @@ impl Collector {
             let _ = self.inflight.remove(&k);
             self.prev.remove(&k);
             self.prev_inflight.remove(&k);
+            self.idle_since_ns.remove(&k);
         }
     }
 
