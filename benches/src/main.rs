@@ -81,6 +81,32 @@ struct Tracer {
     events: Option<PathBuf>,
 }
 
+/// Waits until `path` contains `needle` (a tracer's "ready" line).
+fn wait_for_text(path: &Path, needle: &str, timeout: Duration, what: &str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        if Instant::now() > deadline {
+            bail!("{what} did not start within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// One fio run under a tracer: IOPS, and the tracer's own CPU as a share of one core.
+fn measure(tracer: Tracer, data: &Path, seconds: u64) -> Result<(f64, f64, Tracer)> {
+    const USER_HZ: f64 = 100.0; // Linux/x86_64
+    let pid = tracer.child.id();
+    let c0 = cpu_ticks(pid);
+    let start = Instant::now();
+    let iops = fio_iops(data, seconds)?;
+    let cpu = (cpu_ticks(pid) - c0) as f64 / USER_HZ / start.elapsed().as_secs_f64();
+    Ok((iops, cpu, tracer))
+}
+
 impl Tracer {
     fn isolator(dir: &Path) -> Result<Self> {
         let events = dir.join("events.ndjson");
@@ -91,16 +117,7 @@ impl Tracer {
             .stdout(Stdio::null())
             .spawn()
             .context("starting isolator (cargo xtask build first)")?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !std::fs::read_to_string(&events)
-            .unwrap_or_default()
-            .contains("agent_start")
-        {
-            if Instant::now() > deadline {
-                bail!("isolator did not start");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_text(&events, "agent_start", Duration::from_secs(30), "isolator")?;
         Ok(Tracer {
             child,
             events: Some(events),
@@ -117,16 +134,7 @@ impl Tracer {
             .stderr(Stdio::null())
             .spawn()
             .context("starting bpftrace")?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("Attaching")
-        {
-            if Instant::now() > deadline {
-                bail!("bpftrace did not attach");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_text(&log, "Attaching", Duration::from_secs(60), "bpftrace")?;
         std::thread::sleep(Duration::from_millis(500));
         Ok(Tracer {
             child,
@@ -203,26 +211,17 @@ fn main() -> Result<()> {
 
     let (mut base, mut iso, mut bt) = (vec![], vec![], vec![]);
     let (mut iso_cpu, mut bt_cpu, mut iso_rss, mut iso_hwm) = (vec![], vec![], 0, 0);
-    let hz = 100.0; // USER_HZ on Linux/x86_64
     println!("| round | no tracer IOPS | isolator IOPS | bpftrace biolatency IOPS |");
     println!("|---|---|---|---|");
     for r in 1..=rounds {
         let b = fio_iops(&data, seconds)?;
-        let t = Tracer::isolator(&dir)?;
-        let pid = t.child.id();
-        let c0 = cpu_ticks(pid);
-        let start = Instant::now();
-        let i = fio_iops(&data, seconds)?;
-        iso_cpu.push((cpu_ticks(pid) - c0) as f64 / hz / start.elapsed().as_secs_f64());
-        iso_rss = iso_rss.max(status_kib(pid, "VmRSS:"));
-        iso_hwm = iso_hwm.max(status_kib(pid, "VmHWM:"));
+        let (i, cpu, t) = measure(Tracer::isolator(&dir)?, &data, seconds)?;
+        iso_cpu.push(cpu);
+        iso_rss = iso_rss.max(status_kib(t.child.id(), "VmRSS:"));
+        iso_hwm = iso_hwm.max(status_kib(t.child.id(), "VmHWM:"));
         t.stop();
-        let t = Tracer::bpftrace(&dir)?;
-        let pid = t.child.id();
-        let c0 = cpu_ticks(pid);
-        let start = Instant::now();
-        let p = fio_iops(&data, seconds)?;
-        bt_cpu.push((cpu_ticks(pid) - c0) as f64 / hz / start.elapsed().as_secs_f64());
+        let (p, cpu, t) = measure(Tracer::bpftrace(&dir)?, &data, seconds)?;
+        bt_cpu.push(cpu);
         t.stop();
         println!("| {r} | {b:.0} | {i:.0} | {p:.0} |");
         base.push(b);

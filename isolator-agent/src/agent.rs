@@ -2,7 +2,8 @@
 //! metrics -> sinks. Observe-only in this version.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    os::unix::fs::MetadataExt,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -43,19 +44,58 @@ impl DiskNames {
     }
 }
 
-/// cgroup id -> path, remembering paths of cgroups that have gone.
+/// Names the cgroups that appear in the maps. A cgroup is checked with one stat of its
+/// known directory each cycle; the hierarchy is walked only when an id is new or its
+/// directory is gone or renamed. Only cgroups present in the maps are remembered.
 struct Registry {
     hierarchy: IoHierarchy,
     paths: HashMap<u64, String>,
+    /// Cgroups confirmed removed (kernfs ids are never reused), kept until forgotten.
+    gone: HashSet<u64>,
 }
 
 impl Registry {
-    fn refresh(&mut self) -> HashMap<u64, String> {
-        let live = self.hierarchy.scan();
-        for (id, p) in &live {
-            self.paths.insert(*id, p.clone());
+    fn at_known_path(&self, id: u64) -> bool {
+        self.paths.get(&id).is_some_and(|p| {
+            std::fs::metadata(self.hierarchy.dir_of(p)).is_ok_and(|m| m.ino() == id)
+        })
+    }
+
+    /// Names every id in `active` (the cgroups in this cycle's snapshot).
+    fn update(&mut self, active: &BTreeSet<u64>) {
+        self.paths.retain(|id, _| active.contains(id));
+        self.gone.retain(|id| active.contains(id));
+        let unresolved: Vec<u64> = active
+            .iter()
+            .copied()
+            .filter(|&id| {
+                id != UNATTRIBUTED_CGROUP && !self.gone.contains(&id) && !self.at_known_path(id)
+            })
+            .collect();
+        if unresolved.is_empty() {
+            return;
         }
-        live
+        let mut live = self.hierarchy.scan();
+        for id in unresolved {
+            match live.remove(&id) {
+                Some(p) => {
+                    self.paths.insert(id, p);
+                }
+                // Its last known path (if any) stays for the events that name it.
+                None => {
+                    self.gone.insert(id);
+                }
+            }
+        }
+    }
+
+    fn is_gone(&self, id: u64) -> bool {
+        self.gone.contains(&id)
+    }
+
+    fn forget(&mut self, id: u64) {
+        self.paths.remove(&id);
+        self.gone.remove(&id);
     }
 
     fn cgroup(&self, id: u64) -> CgroupRef {
@@ -120,6 +160,7 @@ impl Agent {
             registry: Registry {
                 hierarchy,
                 paths: HashMap::new(),
+                gone: HashSet::new(),
             },
             disks: DiskNames::default(),
             probe,
@@ -136,7 +177,8 @@ impl Agent {
                 message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
             })?;
         }
-        let live = self.registry.refresh();
+        let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
+        self.registry.update(&active);
         for (key, count) in &snap.inflight_resets {
             let cgroup = self.registry.cgroup(key.cgroup_id);
             self.sink.emit(&Event::Warning {
@@ -165,11 +207,11 @@ impl Agent {
             *e &= d.is_idle();
         }
         for (id, idle) in idle_by_cgroup {
-            if id != UNATTRIBUTED_CGROUP && idle && !live.contains_key(&id) {
+            if idle && self.registry.is_gone(id) {
                 let cgroup = self.registry.cgroup(id);
                 self.collector.forget_cgroup(id);
                 self.metrics.forget_cgroup(id);
-                self.registry.paths.remove(&id);
+                self.registry.forget(id);
                 self.sink.emit(&Event::CgroupGone {
                     cycle: snap.cycle,
                     cgroup,
@@ -200,10 +242,9 @@ impl Agent {
         // cgroup -> dev -> DeviceStats
         let mut by_cgroup: BTreeMap<u64, BTreeMap<u32, DeviceStats>> = BTreeMap::new();
         for d in &snap.deltas {
-            let stats = self.metrics.observe(d, snap.interval_ns);
-            if d.is_idle() {
+            let Some(stats) = self.metrics.observe(d, snap.interval_ns) else {
                 continue;
-            }
+            };
             let dev = by_cgroup
                 .entry(d.key.cgroup_id)
                 .or_default()

@@ -331,10 +331,6 @@ impl KernelBtf {
         Ok(off)
     }
 
-    pub fn has_struct(&self, name: &str) -> bool {
-        self.find_struct(name).is_ok()
-    }
-
     /// Parameter type names of a tracepoint (`btf_trace_<name>` typedef), without the
     /// leading `void *__data`. None if the kernel has no such tracepoint.
     pub fn tracepoint_params(&self, name: &str) -> Option<Vec<String>> {

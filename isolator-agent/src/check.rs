@@ -153,18 +153,17 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
                     "enable the io controller: echo +io > /sys/fs/cgroup/cgroup.subtree_control",
                 ),
             };
-            let probe_dir = if h.mode == CgroupMode::V2 {
-                // Root has no io.max; look at any child cgroup.
-                std::fs::read_dir(&h.root)
+            // v2 roots have no io.max: look at a child, if io is enabled for children.
+            let probe_dir = match h.mode {
+                CgroupMode::V2 if h.io_enabled => std::fs::read_dir(&h.root)
                     .ok()
                     .and_then(|rd| {
                         rd.flatten()
                             .map(|e| e.path())
                             .find(|p| p.join("io.max").exists())
                     })
-                    .unwrap_or(h.root.clone())
-            } else {
-                h.root.clone()
+                    .unwrap_or(h.root.clone()),
+                _ => h.root.clone(),
             };
             let mut present = vec![];
             let mut missing = vec![];

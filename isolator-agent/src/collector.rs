@@ -73,48 +73,18 @@ pub enum CollectError {
     Map(&'static str, aya::maps::MapError),
 }
 
-/// Summed cumulative counters of one key, as last read.
-#[derive(Clone)]
-struct Cumulative {
-    ios: u64,
-    bytes: u64,
-    lat_count: u64,
-    lat_sum_ns: u64,
-    queue_count: u64,
-    queue_sum_ns: u64,
-    lat_hist: Box<[u32; HIST_BUCKETS]>,
-    queue_hist: Box<[u32; HIST_BUCKETS]>,
-}
-
-impl Cumulative {
-    fn zero() -> Self {
-        Cumulative {
-            ios: 0,
-            bytes: 0,
-            lat_count: 0,
-            lat_sum_ns: 0,
-            queue_count: 0,
-            queue_sum_ns: 0,
-            lat_hist: Box::new([0; HIST_BUCKETS]),
-            queue_hist: Box::new([0; HIST_BUCKETS]),
-        }
-    }
-
-    fn sum(values: &[IoStats]) -> Self {
-        let mut c = Cumulative::zero();
-        for v in values {
-            c.ios = c.ios.wrapping_add(v.ios);
-            c.bytes = c.bytes.wrapping_add(v.bytes);
-            c.lat_count = c.lat_count.wrapping_add(v.lat_count);
-            c.lat_sum_ns = c.lat_sum_ns.wrapping_add(v.lat_sum_ns);
-            c.queue_count = c.queue_count.wrapping_add(v.queue_count);
-            c.queue_sum_ns = c.queue_sum_ns.wrapping_add(v.queue_sum_ns);
-            for i in 0..HIST_BUCKETS {
-                c.lat_hist[i] = c.lat_hist[i].wrapping_add(v.lat_hist[i]);
-                c.queue_hist[i] = c.queue_hist[i].wrapping_add(v.queue_hist[i]);
-            }
-        }
-        c
+/// Adds one CPU's counters into a running sum (the kernel never resets them; wrapping
+/// keeps the per-cycle differences exact).
+fn accumulate(sum: &mut IoStats, v: &IoStats) {
+    sum.ios = sum.ios.wrapping_add(v.ios);
+    sum.bytes = sum.bytes.wrapping_add(v.bytes);
+    sum.lat_count = sum.lat_count.wrapping_add(v.lat_count);
+    sum.lat_sum_ns = sum.lat_sum_ns.wrapping_add(v.lat_sum_ns);
+    sum.queue_count = sum.queue_count.wrapping_add(v.queue_count);
+    sum.queue_sum_ns = sum.queue_sum_ns.wrapping_add(v.queue_sum_ns);
+    for i in 0..HIST_BUCKETS {
+        sum.lat_hist[i] = sum.lat_hist[i].wrapping_add(v.lat_hist[i]);
+        sum.queue_hist[i] = sum.queue_hist[i].wrapping_add(v.queue_hist[i]);
     }
 }
 
@@ -129,7 +99,7 @@ fn hist_delta(now: &[u32; HIST_BUCKETS], prev: &[u32; HIST_BUCKETS]) -> SparseHi
         .collect()
 }
 
-fn diff(key: IoKey, now: &Cumulative, prev: &Cumulative) -> KeyDelta {
+fn diff(key: IoKey, now: &IoStats, prev: &IoStats) -> KeyDelta {
     KeyDelta {
         key,
         ios: now.ios.wrapping_sub(prev.ios),
@@ -149,7 +119,8 @@ pub struct Collector {
     stats: PerCpuHashMap<MapData, IoKey, IoStats>,
     inflight: BpfHashMap<MapData, IoKey, Inflight>,
     state: Array<MapData, u64>,
-    prev: HashMap<IoKey, Cumulative>,
+    /// Summed counters of each key as last read: the baseline of the next diff.
+    prev: HashMap<IoKey, Box<IoStats>>,
     /// In-flight count of each key at the end of the previous cycle.
     prev_inflight: HashMap<IoKey, i64>,
     /// Since when a key with requests in flight has seen no issue and no completion.
@@ -191,11 +162,15 @@ impl Collector {
         // Baseline: whatever is already counted belongs to no cycle.
         c.collect()?;
         c.cycle = 0;
-        // Peaks recorded from now on belong to cycle 1.
-        c.state
-            .set(STATE_EPOCH, 1, 0)
-            .map_err(|e| CollectError::Map(MAP_AGENT_STATE, e))?;
+        c.start_epoch()?;
         Ok(c)
+    }
+
+    /// Peaks the programs record from now on belong to the next cycle.
+    fn start_epoch(&mut self) -> Result<(), CollectError> {
+        self.state
+            .set(STATE_EPOCH, self.cycle + 1, 0)
+            .map_err(|e| CollectError::Map(MAP_AGENT_STATE, e))
     }
 
     /// Reads and diffs all maps into the next cycle's snapshot.
@@ -214,9 +189,11 @@ impl Collector {
                 Err(aya::maps::MapError::KeyNotFound) => continue,
                 Err(e) => return Err(CollectError::Map(MAP_STATS, e)),
             };
-            let now = Cumulative::sum(&values);
-            let zero = Cumulative::zero();
-            let prev = self.prev.get(&key).unwrap_or(&zero);
+            let mut now = Box::new(IoStats::ZERO);
+            for v in values.iter() {
+                accumulate(&mut now, v);
+            }
+            let prev = self.prev.get(&key).map_or(&IoStats::ZERO, |p| &**p);
             deltas.push(diff(key, &now, prev));
             self.prev.insert(key, now);
             seen.insert(key);
@@ -228,7 +205,7 @@ impl Collector {
         let epoch = self.cycle;
         let inflight: HashMap<IoKey, Inflight> =
             self.inflight.iter().filter_map(Result::ok).collect();
-        let _ = self.state.set(STATE_EPOCH, epoch + 1, 0);
+        self.start_epoch()?;
         for key in inflight.keys() {
             if !seen.contains(key) {
                 // In flight but nothing completed or queued yet: still worth reporting.
@@ -242,22 +219,22 @@ impl Collector {
         let mut inflight_resets = Vec::new();
         for d in &mut deltas {
             let mut v = inflight.get(&d.key).copied().unwrap_or_default();
+            // A count on a key with no issue and no completion is repaired: below zero at
+            // once (completions of requests issued before attach), above zero once it is
+            // older than any request can be (completions the programs did not see).
             let idle = d.ios == 0 && d.queue_count == 0 && d.bytes == 0;
-            if v.count > 0 && idle {
+            if !idle || v.count == 0 {
+                self.idle_since_ns.remove(&d.key);
+            } else {
                 let since = *self.idle_since_ns.entry(d.key).or_insert(now_ns);
-                if now_ns.saturating_sub(since) >= STALE_INFLIGHT_NS {
+                if v.count < 0 || now_ns.saturating_sub(since) >= STALE_INFLIGHT_NS {
                     let _ = self.inflight.insert(d.key, Inflight::default(), 0);
-                    inflight_resets.push((d.key, v.count));
+                    if v.count > 0 {
+                        inflight_resets.push((d.key, v.count));
+                    }
                     self.idle_since_ns.remove(&d.key);
                     v = Inflight::default();
                 }
-            } else {
-                self.idle_since_ns.remove(&d.key);
-            }
-            if v.count < 0 && d.ios == 0 && d.queue_count == 0 {
-                // Completions of requests issued before attach were not counted in; an
-                // idle key cannot have negative requests in flight.
-                let _ = self.inflight.insert(d.key, Inflight::default(), 0);
             }
             let now = v.count.max(0);
             // Highest of: level carried in from the last cycle, level now, and the peak
@@ -285,14 +262,15 @@ impl Collector {
         })
     }
 
-    /// Removes every key of `cgroup_id` from the maps (the cgroup no longer exists).
+    /// Removes every key of `cgroup_id` from the maps (the cgroup no longer exists). The
+    /// keys come from this cycle's read, which saw every key of both maps.
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
         let keys: Vec<IoKey> = self
-            .stats
+            .prev
             .keys()
-            .filter_map(Result::ok)
-            .chain(self.inflight.keys().filter_map(Result::ok))
+            .chain(self.prev_inflight.keys())
             .filter(|k| k.cgroup_id == cgroup_id)
+            .copied()
             .collect();
         for k in keys {
             let _ = self.stats.remove(&k);
@@ -315,8 +293,8 @@ mod tests {
 
     #[test]
     fn diff_wraps_u32_histogram_counters() {
-        let mut prev = Cumulative::zero();
-        let mut now = Cumulative::zero();
+        let mut prev = Box::new(IoStats::ZERO);
+        let mut now = Box::new(IoStats::ZERO);
         prev.lat_hist[7] = u32::MAX - 1;
         now.lat_hist[7] = 3; // wrapped: 5 new samples
         now.lat_hist[9] = 2;

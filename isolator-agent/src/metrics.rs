@@ -114,10 +114,6 @@ impl HistWindow {
             .collect();
         summarize(&merged, window_ns, cycles)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.cycles.iter().all(|(_, h)| h.is_empty())
-    }
 }
 
 /// Statistics of one (cgroup, disk, op) for one cycle.
@@ -151,16 +147,21 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn observe(&mut self, d: &KeyDelta, interval_ns: u64) -> OpStats {
+    /// Adds the cycle to the key's windows; returns its statistics unless the key was idle
+    /// (an idle cycle still counts: it narrows what the window can cover).
+    pub fn observe(&mut self, d: &KeyDelta, interval_ns: u64) -> Option<OpStats> {
         let (lat, queue) = self.windows.entry(d.key).or_default();
         lat.push(interval_ns, d.lat_hist.clone());
         queue.push(interval_ns, d.queue_hist.clone());
+        if d.is_idle() {
+            return None;
+        }
         let secs = interval_ns as f64 / 1e9;
         let mut latency = lat.summary();
         latency.mean_ns = (d.lat_count > 0).then(|| d.lat_sum_ns / d.lat_count);
         let mut q = queue.summary();
         q.mean_ns = (d.queue_count > 0).then(|| d.queue_sum_ns / d.queue_count);
-        OpStats {
+        Some(OpStats {
             ios: d.ios,
             bytes: d.bytes,
             iops: d.ios as f64 / secs,
@@ -172,15 +173,11 @@ impl Metrics {
                 peak: d.inflight_peak,
                 mean: d.lat_sum_ns as f64 / interval_ns as f64,
             },
-        }
+        })
     }
 
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
         self.windows.retain(|k, _| k.cgroup_id != cgroup_id);
-    }
-
-    pub fn tracked(&self) -> usize {
-        self.windows.len()
     }
 }
 

@@ -1,12 +1,13 @@
 //! Loads the embedded eBPF object with this kernel's struct offsets and attaches it to the
 //! block request tracepoints as BTF tracepoints (tp_btf; no tracefs needed).
 
-use std::path::Path;
-
-use std::os::fd::{AsFd, AsRawFd};
+use std::{
+    os::fd::{AsFd, AsRawFd},
+    path::Path,
+};
 
 use aya::{programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
-use isolator_common::{KernelOffsets, OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS};
+use isolator_common::{OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS};
 
 use crate::btf::{BtfError, KernelBtf};
 
@@ -36,7 +37,6 @@ pub enum ProbeError {
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Probe {
     pub ebpf: Ebpf,
-    pub offsets: KernelOffsets,
     on_demand_attached: bool,
 }
 
@@ -46,13 +46,9 @@ pub fn check_tracepoints(btf: &KernelBtf) -> Result<(), ProbeError> {
         let params = btf
             .tracepoint_params(tp)
             .ok_or_else(|| ProbeError::NoTracepoint(tp.to_string()))?;
-        if params.first().map(String::as_str) != Some("struct request*") {
-            return Err(ProbeError::TracepointShape(
-                tp.to_string(),
-                params.join(", "),
-            ));
-        }
-        if tp == "block_rq_complete" && params.len() != 3 {
+        // block_rq_complete(rq, error, nr_bytes): the program reads nr_bytes as arg 2.
+        let arity_ok = tp != "block_rq_complete" || params.len() == 3;
+        if params.first().map(String::as_str) != Some("struct request*") || !arity_ok {
             return Err(ProbeError::TracepointShape(
                 tp.to_string(),
                 params.join(", "),
@@ -98,10 +94,8 @@ impl Probe {
                     .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
             }
         }
-        drop(aya_btf);
         Ok(Probe {
             ebpf,
-            offsets,
             on_demand_attached: false,
         })
     }

@@ -19,7 +19,6 @@ pub const UNATTRIBUTED_CGROUP: u64 = 0;
 pub const OP_READ: u32 = 0;
 pub const OP_WRITE: u32 = 1;
 pub const OP_OTHER: u32 = 2;
-pub const OP_CLASSES: usize = 3;
 
 /// Kernel `REQ_OP_*` values (include/linux/blk_types.h), stable since 4.10.
 pub const REQ_OP_MASK: u32 = 0xff;
@@ -117,12 +116,9 @@ pub const OFFSETS_HAVE_BLKCG: u32 = 1;
 /// Name of the global the loader sets with [`KernelOffsets`].
 pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 
-/// Map names, shared by the programs and the loader.
+/// Names of the maps the agent reads (the programs' `#[map(name = ...)]` must match).
 pub const MAP_STATS: &str = "IO_STATS";
 pub const MAP_INFLIGHT: &str = "INFLIGHT";
-pub const MAP_ISSUE_TS: &str = "ISSUE_TS";
-pub const MAP_INSERT_TS: &str = "INSERT_TS";
-pub const MAP_FALLBACK_DEVS: &str = "FALLBACK_DEVS";
 pub const MAP_AGENT_STATE: &str = "AGENT_STATE";
 
 /// Index of the first-issue timestamp in the AGENT_STATE array.
