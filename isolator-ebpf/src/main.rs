@@ -12,7 +12,10 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering::Relaxed};
+use core::intrinsics::{
+    atomic_cxchg, atomic_xadd,
+    AtomicOrdering::{Relaxed, SeqCst},
+};
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
@@ -215,11 +218,20 @@ fn set_state(slot: u32, v: u64) {
     }
 }
 
-/// Atomically adds `delta` to a shared counter and returns the new value.
+/// Atomically adds `delta` to a shared counter.
 #[inline(always)]
-fn add_shared(p: *mut i64, delta: i64) -> i64 {
+fn add_shared(p: *mut i64, delta: i64) {
     // SAFETY: p is a valid map value pointer; the map is shared by all CPUs.
-    unsafe { atomic_xadd::<i64, i64, { Relaxed }>(p, delta) + delta }
+    unsafe { atomic_xadd::<i64, i64, { Relaxed }>(p, delta) };
+}
+
+/// Atomically adds `delta` to a shared counter and returns the new value. SeqCst on
+/// purpose: LLVM lowers a relaxed fetch-add to BPF's plain atomic add (no BPF_FETCH), whose
+/// "result" is the unchanged source register, so the returned value was always 2.
+#[inline(always)]
+fn fetch_add_shared(p: *mut i64, delta: i64) -> i64 {
+    // SAFETY: p is a valid map value pointer; the map is shared by all CPUs.
+    unsafe { atomic_xadd::<i64, i64, { SeqCst }>(p, delta) + delta }
 }
 
 #[inline(always)]
@@ -315,7 +327,7 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
         // SAFETY: v is a valid map value; count is updated atomically, peak/epoch racily
         // (a lost race under-reports a peak by one request at most).
         unsafe {
-            let n = add_shared(&mut (*v).count, 1);
+            let n = fetch_add_shared(&mut (*v).count, 1);
             let epoch = state(STATE_EPOCH);
             if core::ptr::read_volatile(&(*v).epoch) != epoch {
                 core::ptr::write_volatile(&mut (*v).epoch, epoch);
