@@ -200,11 +200,12 @@ impl Agent {
             self.sink.emit(&r)?;
         }
 
-        // Cgroups that are gone and idle: drop their keys so the maps stay bounded.
+        // Cgroups that are gone and saw no request this cycle: drop their keys so the maps
+        // stay bounded. A stale in-flight count (an unseen completion) must not keep them.
         let mut idle_by_cgroup: BTreeMap<u64, bool> = BTreeMap::new();
         for d in &snap.deltas {
             let e = idle_by_cgroup.entry(d.key.cgroup_id).or_insert(true);
-            *e &= d.is_idle();
+            *e &= !d.had_requests();
         }
         for (id, idle) in idle_by_cgroup {
             if idle && self.registry.is_gone(id) {

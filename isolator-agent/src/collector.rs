@@ -36,7 +36,13 @@ pub struct KeyDelta {
 
 impl KeyDelta {
     pub fn is_idle(&self) -> bool {
-        self.ios == 0 && self.bytes == 0 && self.queue_count == 0 && self.inflight_peak == 0
+        !self.had_requests() && self.inflight_peak == 0
+    }
+
+    /// Whether any request was issued or completed in the cycle. In-flight counts are left
+    /// out: a completion the programs never saw keeps a key "in flight" until it is reset.
+    pub fn had_requests(&self) -> bool {
+        self.ios != 0 || self.bytes != 0 || self.queue_count != 0
     }
 }
 
