@@ -1,0 +1,478 @@
+//! The SLO config (`--config`, TOML): which cgroups form which service and what each
+//! service is promised. Every error names the file, the line and the fix.
+
+use std::{collections::HashMap, ops::Range, path::Path};
+
+use serde::Deserialize;
+use thiserror::Error;
+use toml::Spanned;
+
+/// A service's promise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SloClass {
+    /// p99.9 device latency at or below the target.
+    Latency { p999_ns: u64 },
+    /// Throughput (read + write) at or above the target.
+    Throughput { rate_bps: u64 },
+    /// No promise; first to be throttled.
+    BestEffort,
+}
+
+impl SloClass {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SloClass::Latency { .. } => "latency",
+            SloClass::Throughput { .. } => "throughput",
+            SloClass::BestEffort => "best-effort",
+        }
+    }
+}
+
+/// A rate limit: bytes or I/Os per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    BytesPerSec(u64),
+    IosPerSec(u64),
+}
+
+/// One `[[service]]` of the config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceSpec {
+    pub name: String,
+    /// Glob over cgroup paths relative to the io hierarchy root, e.g. `/db/*`.
+    pub cgroup: glob::Pattern,
+    pub class: SloClass,
+    /// Never throttled below this.
+    pub floor: Option<Rate>,
+    /// Always capped at this.
+    pub ceiling: Option<Rate>,
+    /// io.weight (v2) or blkio.bfq.weight (v1), written once at start.
+    pub weight: Option<u32>,
+    /// Line of the `[[service]]` header, for messages.
+    pub line: usize,
+    pub cgroup_line: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Config {
+    pub services: Vec<ServiceSpec>,
+}
+
+#[derive(Debug, Error, PartialEq)]
+#[error("{file}:{line}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    service: Vec<Spanned<RawService>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    name: Spanned<String>,
+    cgroup: Spanned<String>,
+    class: Spanned<String>,
+    p999: Option<Spanned<String>>,
+    rate: Option<Spanned<String>>,
+    floor: Option<Spanned<String>>,
+    ceiling: Option<Spanned<String>>,
+    weight: Option<Spanned<i64>>,
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Parses "20ms", "500us", "1.5s", "250000ns" into nanoseconds.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration; write e.g. \"20ms\" or \"500us\""))?;
+    let scale = match unit.trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "" => return Err(format!("'{s}' has no unit; write e.g. \"{num}ms\"")),
+        u => return Err(format!("unknown unit '{u}' in '{s}'; use ns, us, ms or s")),
+    };
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("'{s}' must be greater than zero"));
+    }
+    Ok((v * scale).round() as u64)
+}
+
+/// Parses "150MB/s", "1.5GiB/s", "800KB/s", "500iops" (decimal and binary prefixes).
+pub fn parse_rate(s: &str) -> Result<Rate, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a rate; write e.g. \"150MB/s\" or \"500iops\""))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("'{s}' must be greater than zero"));
+    }
+    let unit = unit.trim();
+    if unit.eq_ignore_ascii_case("iops") {
+        return Ok(Rate::IosPerSec(v.round().max(1.0) as u64));
+    }
+    let scale = match unit {
+        "B/s" => 1.0,
+        "KB/s" | "kB/s" => 1e3,
+        "MB/s" => 1e6,
+        "GB/s" => 1e9,
+        "KiB/s" => 1024.0,
+        "MiB/s" => 1024.0 * 1024.0,
+        "GiB/s" => 1024.0 * 1024.0 * 1024.0,
+        "" => return Err(format!("'{s}' has no unit; write e.g. \"{num}MB/s\"")),
+        u => return Err(format!(
+            "unknown unit '{u}' in '{s}'; use B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, GiB/s or iops"
+        )),
+    };
+    Ok(Rate::BytesPerSec((v * scale).round().max(1.0) as u64))
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: 0,
+            message: format!("cannot read the config ({e}); check the --config path"),
+        })?;
+        Config::parse(&path.display().to_string(), &text)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let err = |span: Range<usize>, message: String| ConfigError {
+            file: file.to_string(),
+            line: line_of(text, span.start),
+            message,
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
+            ConfigError {
+                file: file.to_string(),
+                line,
+                message: format!(
+                    "{}; see docs/config.md for the keys",
+                    e.message().trim().replace('\n', " ")
+                ),
+            }
+        })?;
+        let mut services = Vec::new();
+        let mut names: HashMap<String, usize> = HashMap::new();
+        for s in raw.service {
+            let line = line_of(text, s.span().start);
+            let s = s.into_inner();
+            let name = s.name.get_ref().trim().to_string();
+            if name.is_empty() {
+                return Err(err(
+                    s.name.span(),
+                    "service name is empty; give it a name".into(),
+                ));
+            }
+            if let Some(prev) = names.insert(name.clone(), line) {
+                return Err(err(
+                    s.name.span(),
+                    format!("service '{name}' is defined twice (also on line {prev}); rename one"),
+                ));
+            }
+            let glob_text = s.cgroup.get_ref().trim();
+            let anchored = if glob_text.starts_with('/') {
+                glob_text.to_string()
+            } else {
+                format!("/{glob_text}")
+            };
+            let cgroup = glob::Pattern::new(&anchored).map_err(|e| {
+                err(
+                    s.cgroup.span(),
+                    format!("cgroup glob '{glob_text}' is invalid ({e}); fix the pattern"),
+                )
+            })?;
+            let target = |f: &Option<Spanned<String>>| f.as_ref().map(|v| v.span());
+            let class = match s.class.get_ref().as_str() {
+                "latency" => {
+                    let Some(p) = &s.p999 else {
+                        return Err(err(
+                            s.class.span(),
+                            format!("service '{name}' is class latency but has no target; add p999 = \"20ms\""),
+                        ));
+                    };
+                    if let Some(span) = target(&s.rate) {
+                        return Err(err(
+                            span,
+                            "rate belongs to class throughput; remove it or change the class"
+                                .into(),
+                        ));
+                    }
+                    SloClass::Latency {
+                        p999_ns: parse_duration_ns(p.get_ref())
+                            .map_err(|m| err(p.span(), format!("p999: {m}")))?,
+                    }
+                }
+                "throughput" => {
+                    let Some(r) = &s.rate else {
+                        return Err(err(
+                            s.class.span(),
+                            format!("service '{name}' is class throughput but has no target; add rate = \"150MB/s\""),
+                        ));
+                    };
+                    if let Some(span) = target(&s.p999) {
+                        return Err(err(
+                            span,
+                            "p999 belongs to class latency; remove it or change the class".into(),
+                        ));
+                    }
+                    match parse_rate(r.get_ref())
+                        .map_err(|m| err(r.span(), format!("rate: {m}")))?
+                    {
+                        Rate::BytesPerSec(b) => SloClass::Throughput { rate_bps: b },
+                        Rate::IosPerSec(_) => {
+                            return Err(err(
+                                r.span(),
+                                "rate must be in bytes per second; write e.g. \"150MB/s\"".into(),
+                            ))
+                        }
+                    }
+                }
+                "best-effort" => {
+                    if let Some(span) = target(&s.p999).or(target(&s.rate)) {
+                        return Err(err(
+                            span,
+                            "a best-effort service has no target; remove it or change the class"
+                                .into(),
+                        ));
+                    }
+                    SloClass::BestEffort
+                }
+                other => {
+                    return Err(err(
+                        s.class.span(),
+                        format!("unknown class '{other}'; use latency, throughput or best-effort"),
+                    ))
+                }
+            };
+            let rate_of = |f: &Option<Spanned<String>>,
+                           key: &str|
+             -> Result<Option<Rate>, ConfigError> {
+                f.as_ref()
+                    .map(|v| {
+                        parse_rate(v.get_ref()).map_err(|m| err(v.span(), format!("{key}: {m}")))
+                    })
+                    .transpose()
+            };
+            let floor = rate_of(&s.floor, "floor")?;
+            let ceiling = rate_of(&s.ceiling, "ceiling")?;
+            if let (Some(f), Some(c)) = (floor, ceiling) {
+                let bad = match (f, c) {
+                    (Rate::BytesPerSec(a), Rate::BytesPerSec(b))
+                    | (Rate::IosPerSec(a), Rate::IosPerSec(b)) => a > b,
+                    _ => false,
+                };
+                if bad {
+                    return Err(err(
+                        s.floor.as_ref().unwrap().span(),
+                        "floor is above ceiling; lower the floor or raise the ceiling".into(),
+                    ));
+                }
+            }
+            let weight = match &s.weight {
+                Some(w) if !(1..=10000).contains(w.get_ref()) => {
+                    return Err(err(
+                        w.span(),
+                        format!(
+                            "weight {} is outside 1..10000; pick a weight in that range",
+                            w.get_ref()
+                        ),
+                    ))
+                }
+                Some(w) => Some(*w.get_ref() as u32),
+                None => None,
+            };
+            services.push(ServiceSpec {
+                name,
+                cgroup,
+                class,
+                floor,
+                ceiling,
+                weight,
+                line,
+                cgroup_line: line_of(text, s.cgroup.span().start),
+            });
+        }
+        Ok(Config { services })
+    }
+
+    /// Checks the globs against the cgroups that exist now: each must match one, and no
+    /// cgroup may be claimed by two services.
+    pub fn check_against(&self, file: &str, cgroup_paths: &[String]) -> Result<(), ConfigError> {
+        let mut owner: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in self.services.iter().enumerate() {
+            let mut any = false;
+            for p in cgroup_paths {
+                if !s.matches(p) {
+                    continue;
+                }
+                any = true;
+                if let Some(&j) = owner.get(p.as_str()) {
+                    let other = &self.services[j];
+                    return Err(ConfigError {
+                        file: file.into(),
+                        line: s.cgroup_line,
+                        message: format!(
+                            "cgroup {p} is claimed by service '{}' (line {}) and '{}'; narrow one of the globs",
+                            other.name, other.cgroup_line, s.name
+                        ),
+                    });
+                }
+                owner.insert(p, i);
+            }
+            if !any {
+                return Err(ConfigError {
+                    file: file.into(),
+                    line: s.cgroup_line,
+                    message: format!(
+                        "cgroup glob '{}' of service '{}' matches no cgroup; create the cgroup first or fix the glob",
+                        s.cgroup.as_str(),
+                        s.name
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ServiceSpec {
+    pub fn matches(&self, cgroup_path: &str) -> bool {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        self.cgroup.matches_with(cgroup_path, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(t: &str) -> Result<Config, ConfigError> {
+        Config::parse("c.toml", t)
+    }
+
+    #[test]
+    fn parses_all_classes() {
+        let c = parse(
+            r#"
+[[service]]
+name = "db"
+cgroup = "/db"
+class = "latency"
+p999 = "20ms"
+floor = "500iops"
+
+[[service]]
+name = "etl"
+cgroup = "batch/*"
+class = "throughput"
+rate = "150MB/s"
+ceiling = "1GiB/s"
+weight = 50
+
+[[service]]
+name = "backup"
+cgroup = "/backup"
+class = "best-effort"
+floor = "20MB/s"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.services.len(), 3);
+        assert_eq!(
+            c.services[0].class,
+            SloClass::Latency {
+                p999_ns: 20_000_000
+            }
+        );
+        assert_eq!(c.services[0].floor, Some(Rate::IosPerSec(500)));
+        assert_eq!(c.services[0].line, 2);
+        assert_eq!(
+            c.services[1].class,
+            SloClass::Throughput {
+                rate_bps: 150_000_000
+            }
+        );
+        assert_eq!(c.services[1].ceiling, Some(Rate::BytesPerSec(1 << 30)));
+        assert_eq!(c.services[1].weight, Some(50));
+        assert!(c.services[1].matches("/batch/a"));
+        assert!(!c.services[1].matches("/batch/a/b"));
+        assert_eq!(c.services[2].class, SloClass::BestEffort);
+    }
+
+    #[test]
+    fn errors_name_line_and_fix() {
+        let cases = [
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np99='2ms'\n", 5, "unknown field `p99`"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='2 parsecs'\n", 5, "unknown unit"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='-2ms'\n", 5, "greater than zero"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='0ms'\n", 5, "greater than zero"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='throughput'\nrate='0MB/s'\n", 5, "greater than zero"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='throughput'\n", 4, "add rate"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='fast'\n", 4, "unknown class"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nweight=0\n", 5, "outside 1..10000"),
+            ("[[service]]\nname='a'\ncgroup='/a['\nclass='best-effort'\n", 3, "invalid"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nfloor='9MB/s'\nceiling='1MB/s'\n", 5, "floor is above ceiling"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\n[[service]]\nname='a'\ncgroup='/b'\nclass='best-effort'\n", 6, "defined twice"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='5'\n", 5, "no unit"),
+        ];
+        for (text, line, needle) in cases {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.line, line, "{e}");
+            assert!(e.to_string().contains(needle), "{e} lacks {needle}");
+            assert!(e.to_string().starts_with("c.toml:"), "{e}");
+            assert!(!e.to_string().contains('\n'), "{e} is not one line");
+        }
+    }
+
+    #[test]
+    fn glob_checks_against_live_cgroups() {
+        let c = parse(
+            "[[service]]\nname='a'\ncgroup='/x/*'\nclass='best-effort'\n\n[[service]]\nname='b'\ncgroup='/x/b'\nclass='best-effort'\n",
+        )
+        .unwrap();
+        let paths = vec!["/".to_string(), "/x".into(), "/x/b".into()];
+        let e = c.check_against("c.toml", &paths).unwrap_err();
+        assert_eq!(e.line, 8);
+        assert!(e.message.contains("claimed by service 'a'"), "{e}");
+        let c = parse("[[service]]\nname='a'\ncgroup='/nope'\nclass='best-effort'\n").unwrap();
+        let e = c.check_against("c.toml", &paths).unwrap_err();
+        assert!(e.message.contains("matches no cgroup"), "{e}");
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_duration_ns("500us"), Ok(500_000));
+        assert_eq!(parse_duration_ns("1.5s"), Ok(1_500_000_000));
+        assert_eq!(parse_rate("800KB/s"), Ok(Rate::BytesPerSec(800_000)));
+        assert_eq!(parse_rate("2MiB/s"), Ok(Rate::BytesPerSec(2 << 20)));
+        assert!(parse_rate("5 furlongs").is_err());
+    }
+}

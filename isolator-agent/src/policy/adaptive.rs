@@ -1,0 +1,274 @@
+//! `adaptive`: find the aggressor, throttle it enough in one step, then give back
+//! bandwidth stepwise while every SLO holds, remembering where the knee was.
+//!
+//! - A victim is a latency service over its p99.9 target (or a backlogged throughput
+//!   service short of its rate).
+//! - The aggressor is the service that occupies the device (largest device-time share)
+//!   among those that owe nothing: best-effort first, then throughput services above
+//!   their target, then latency services within theirs. The bytes the victim competes
+//!   with are scaled by SLO/L (at most half) and the whole cut is taken from the
+//!   aggressor: one decisive cut, because a second cut costs two more cycles.
+//! - Only when nobody else loads the device does the victim's own concurrency go down
+//!   (PINE eq. 2-3 through Little's law).
+//! - With every SLO met with margin for two full cycles, one capped service is raised:
+//!   x1.1, or half-way to the lowest rate known to break an SLO (remembered for
+//!   [`BAD_MEMORY_CYCLES`]); within 5 % of it the cap holds. A raise followed by a
+//!   violation goes straight back to the last good cap. A cap that no longer binds is
+//!   removed.
+
+use std::collections::HashMap;
+
+use super::{
+    base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause,
+    Decision, DeviceCycle, Policy, ServiceId, ServiceLoad,
+};
+use crate::config::SloClass;
+
+/// How long a rate that broke an SLO is remembered before it may be probed again.
+pub const BAD_MEMORY_CYCLES: u64 = 60;
+/// Relax only when every latency service is at most this fraction of its target.
+const RELAX_MARGIN: f64 = 0.8;
+const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
+const RAISE_FACTOR: f64 = 1.1;
+
+#[derive(Debug, Default, Clone)]
+struct CapState {
+    /// Lowest total rate (bytes/s) seen to break an SLO, and when.
+    bad: Option<(u64, u64)>,
+    /// The cap before the last raise, to return to if the raise breaks an SLO.
+    before_raise: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub struct Adaptive {
+    caps: HashMap<(u32, ServiceId), CapState>,
+    healthy: HashMap<u32, u32>,
+}
+
+fn class_rank(s: &ServiceLoad) -> Option<u8> {
+    match s.class {
+        SloClass::BestEffort => Some(0),
+        SloClass::Throughput { rate_bps } if s.bps() > rate_bps as f64 * 1.05 => Some(1),
+        SloClass::Throughput { .. } => None,
+        SloClass::Latency { .. } if !s.violating() => Some(2),
+        SloClass::Latency { .. } => None,
+    }
+}
+
+impl Adaptive {
+    fn aggressor<'a>(d: &'a DeviceCycle, victim: &ServiceLoad) -> Option<&'a ServiceLoad> {
+        d.services
+            .iter()
+            .filter(|s| s.id != victim.id && d.share(s.id) >= 0.05 && s.bps() > 0.0)
+            .filter(|s| {
+                // Already pinned at its floor: nothing left to take.
+                s.limit.total_bps().is_none_or(|c| c > s.floor_bps())
+            })
+            .filter_map(|s| class_rank(s).map(|r| (r, s)))
+            .min_by(|(ra, a), (rb, b)| ra.cmp(rb).then(d.share(b.id).total_cmp(&d.share(a.id))))
+            .map(|(_, s)| s)
+    }
+
+    fn throttle(
+        &mut self,
+        d: &DeviceCycle,
+        victim: &ServiceLoad,
+        a: &ServiceLoad,
+    ) -> Vec<Decision> {
+        let st = self.caps.entry((d.dev, a.id)).or_default();
+        let current = a
+            .limit
+            .total_bps()
+            .map_or(a.bps(), |c| (c as f64).min(a.bps().max(1.0)));
+        let cause = victim_cause(base_cause(d, a), victim);
+        let (cap, why) = if let Some(prev) = st.before_raise.take() {
+            let raised = a.limit.total_bps().unwrap_or(current as u64);
+            st.bad = Some((raised, d.cycle));
+            (
+                prev,
+                format!(
+                    "the last raise broke {}'s SLO: back to the last good cap",
+                    victim.name
+                ),
+            )
+        } else {
+            let factor = match victim.class {
+                SloClass::Latency { p999_ns } => victim
+                    .judged_p999()
+                    .map_or(0.5, |l| p999_ns as f64 / l as f64),
+                SloClass::Throughput { rate_bps } => {
+                    1.0 - (rate_bps as f64 - victim.bps()).max(0.0) / current.max(1.0)
+                }
+                SloClass::BestEffort => 0.5,
+            }
+            .clamp(0.1, 0.5);
+            st.bad = Some((current as u64, d.cycle));
+            // The victim suffers from everyone else's bytes: scale that total by the
+            // factor and take the whole cut from the aggressor.
+            let others: f64 = d
+                .services
+                .iter()
+                .filter(|s| s.id != victim.id)
+                .map(|s| if s.id == a.id { current } else { s.bps() })
+                .sum();
+            let cap = (others * factor - (others - current)).max(current * 0.1);
+            (
+                cap as u64,
+                format!(
+                    "aggressor of {}: largest device share; cap at {:.0} % of its rate",
+                    victim.name,
+                    factor * 100.0
+                ),
+            )
+        };
+        let cap = cap.max(a.floor_bps());
+        self.healthy.insert(d.dev, 0);
+        cap_bandwidth(a, d.dev, cap, why, cause)
+    }
+
+    fn relax(&mut self, d: &DeviceCycle) -> Vec<Decision> {
+        let margin_ok = d
+            .services
+            .iter()
+            .all(|s| match (s.slo_ns(), s.judged_p999()) {
+                (Some(slo), Some(l)) => (l as f64) <= slo as f64 * RELAX_MARGIN,
+                _ => true,
+            })
+            && d.services.iter().all(|s| !s.violating());
+        let streak = self.healthy.entry(d.dev).or_insert(0);
+        if !margin_ok {
+            *streak = 0;
+            return vec![];
+        }
+        *streak += 1;
+        if *streak < HEALTHY_CYCLES_TO_RELAX {
+            return vec![];
+        }
+        // A raise that survived a full cycle is the new good cap.
+        for s in &d.services {
+            if s.can_change(d.cycle) {
+                if let Some(st) = self.caps.get_mut(&(d.dev, s.id)) {
+                    st.before_raise = None;
+                }
+            }
+        }
+        // One service per cycle, the most recently untouched first (lowest id as tie).
+        let candidate = d
+            .services
+            .iter()
+            .filter(|s| !s.limit.is_unlimited() && s.can_change(d.cycle))
+            .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
+        let Some(s) = candidate else {
+            return vec![];
+        };
+        let st = self.caps.entry((d.dev, s.id)).or_default();
+        if st
+            .bad
+            .is_some_and(|(_, at)| d.cycle >= at + BAD_MEMORY_CYCLES)
+        {
+            st.bad = None;
+        }
+        let cause = base_cause(d, s);
+        let Some(cap) = s.limit.total_bps() else {
+            // An IOPS cap on a victim's own concurrency: lift it whole once healthy.
+            self.healthy.insert(d.dev, 0);
+            return uncap(
+                s,
+                d.dev,
+                "every SLO met: lift the concurrency cap".into(),
+                cause,
+            );
+        };
+        let mut next = (cap as f64 * RAISE_FACTOR) as u64;
+        if let Some((bad, _)) = st.bad {
+            if cap as f64 >= bad as f64 * 0.95 {
+                return vec![]; // at the knee: hold
+            }
+            next = next.min(cap + (bad.saturating_sub(cap)) / 2);
+        }
+        if let Some(ceiling) = s.ceiling_bps() {
+            next = next.min(ceiling);
+        }
+        self.healthy.insert(d.dev, 0);
+        // Not binding: it uses well under half its cap and no SLO worry is remembered.
+        if st.bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
+            st.before_raise = None;
+            return uncap(
+                s,
+                d.dev,
+                "every SLO met and the cap no longer binds: remove it".into(),
+                cause,
+            );
+        }
+        if next <= cap {
+            return vec![];
+        }
+        st.before_raise = Some(cap);
+        cap_bandwidth(
+            s,
+            d.dev,
+            next,
+            format!("every SLO met with margin for {HEALTHY_CYCLES_TO_RELAX} cycles: give back bandwidth"),
+            cause,
+        )
+    }
+}
+
+impl Policy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
+        let mut out = vec![];
+        // Ceilings first: they are promises too.
+        for s in &d.services {
+            if let (Some(c), None) = (s.ceiling_bps(), s.limit.total_bps()) {
+                out.extend(cap_bandwidth(
+                    s,
+                    d.dev,
+                    c,
+                    "configured ceiling".into(),
+                    base_cause(d, s),
+                ));
+            }
+        }
+        let victim = d
+            .services
+            .iter()
+            .filter(|s| s.violating())
+            .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
+        let Some(victim) = victim else {
+            out.extend(self.relax(d));
+            return out;
+        };
+        self.healthy.insert(d.dev, 0);
+        if let Some(a) = Self::aggressor(d, victim) {
+            // Going back to the last good cap is always safe: no need to wait for it.
+            let reverting = self
+                .caps
+                .get(&(d.dev, a.id))
+                .is_some_and(|s| s.before_raise.is_some());
+            if a.can_change(d.cycle) || reverting {
+                out.extend(self.throttle(d, victim, a));
+            }
+            return out;
+        }
+        // Nobody else to blame: the victim's own queue depth is what hurts it.
+        if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) {
+            if victim.mean_inflight > 1.5 && victim.can_change(d.cycle) {
+                let p = victim.mean_inflight;
+                let next = pine_concurrency_step(p, l as f64, slo as f64);
+                let cause = victim_cause(base_cause(d, victim), victim);
+                out.extend(cap_concurrency(
+                    victim,
+                    d.dev,
+                    next,
+                    format!("no other service loads the device: its own concurrency {p:.1} -> {next:.1}"),
+                    cause,
+                ));
+            }
+        }
+        out
+    }
+}

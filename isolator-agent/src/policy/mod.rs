@@ -1,0 +1,403 @@
+//! Control policies: pure functions of one device's cycle stats (and the policy's own
+//! remembered state) to limit changes. No I/O here: every decision can be replayed from a
+//! recorded stream of [`DeviceCycle`]s.
+
+mod adaptive;
+mod pine;
+mod slae;
+
+#[cfg(test)]
+mod sim;
+
+use serde::Serialize;
+
+pub use adaptive::Adaptive;
+pub use pine::{Pine, Priority};
+pub use slae::{Slae, Ute};
+
+use crate::config::{Rate, SloClass};
+
+/// Index of a service in the config.
+pub type ServiceId = usize;
+
+/// Below this many latency samples in a cycle a p99.9 is not judged at all.
+pub const MIN_JUDGED_SAMPLES: u64 = 50;
+/// No cap goes below this, floor or not: a throttled service must still make progress.
+pub const MIN_CAP_BPS: u64 = 1 << 20;
+pub const MIN_CAP_IOPS: u64 = 10;
+
+/// One io.max / blkio.throttle knob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Knob {
+    Rbps,
+    Wbps,
+    Riops,
+    Wiops,
+}
+
+impl Knob {
+    pub const ALL: [Knob; 4] = [Knob::Rbps, Knob::Wbps, Knob::Riops, Knob::Wiops];
+    pub fn name(self) -> &'static str {
+        match self {
+            Knob::Rbps => "rbps",
+            Knob::Wbps => "wbps",
+            Knob::Riops => "riops",
+            Knob::Wiops => "wiops",
+        }
+    }
+}
+
+/// The io.max limits of one service on one device; `None` is "max" (no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IoMaxLimit {
+    pub rbps: Option<u64>,
+    pub wbps: Option<u64>,
+    pub riops: Option<u64>,
+    pub wiops: Option<u64>,
+}
+
+impl IoMaxLimit {
+    pub fn get(&self, k: Knob) -> Option<u64> {
+        match k {
+            Knob::Rbps => self.rbps,
+            Knob::Wbps => self.wbps,
+            Knob::Riops => self.riops,
+            Knob::Wiops => self.wiops,
+        }
+    }
+    pub fn set(&mut self, k: Knob, v: Option<u64>) {
+        match k {
+            Knob::Rbps => self.rbps = v,
+            Knob::Wbps => self.wbps = v,
+            Knob::Riops => self.riops = v,
+            Knob::Wiops => self.wiops = v,
+        }
+    }
+    pub fn is_unlimited(&self) -> bool {
+        Knob::ALL.iter().all(|&k| self.get(k).is_none())
+    }
+    /// Total bandwidth cap (read + write), if both directions are capped or the only
+    /// direction in use is.
+    pub fn total_bps(&self) -> Option<u64> {
+        match (self.rbps, self.wbps) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        }
+    }
+}
+
+/// One service on one device during one cycle, as the policies see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceLoad {
+    pub id: ServiceId,
+    pub name: String,
+    pub class: SloClass,
+    pub floor: Option<Rate>,
+    pub ceiling: Option<Rate>,
+    pub read_bps: f64,
+    pub write_bps: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    /// p99.9 device latency of this cycle's I/Os (all ops), with its sample count.
+    pub p999_ns: Option<u64>,
+    pub samples: u64,
+    pub mean_latency_ns: Option<f64>,
+    /// Time-averaged requests in flight (Little's law: summed latency / interval).
+    pub mean_inflight: f64,
+    pub peak_inflight: u64,
+    /// The limit in force during this cycle.
+    pub limit: IoMaxLimit,
+    /// Cycle at whose end this service's limit on this device was last changed.
+    pub changed_cycle: Option<u64>,
+}
+
+impl ServiceLoad {
+    pub fn bps(&self) -> f64 {
+        self.read_bps + self.write_bps
+    }
+    pub fn iops(&self) -> f64 {
+        self.read_iops + self.write_iops
+    }
+    pub fn slo_ns(&self) -> Option<u64> {
+        match self.class {
+            SloClass::Latency { p999_ns } => Some(p999_ns),
+            _ => None,
+        }
+    }
+    /// p99.9 if there were enough samples to judge it.
+    pub fn judged_p999(&self) -> Option<u64> {
+        (self.samples >= MIN_JUDGED_SAMPLES)
+            .then_some(self.p999_ns)
+            .flatten()
+    }
+    /// Violation degree (paper 001 eq. 1): (L - SLO) / SLO; for throughput services the
+    /// missing fraction of the target.
+    pub fn vio(&self) -> Option<f64> {
+        match self.class {
+            SloClass::Latency { p999_ns } => self
+                .judged_p999()
+                .map(|l| (l as f64 - p999_ns as f64) / p999_ns as f64),
+            SloClass::Throughput { rate_bps } => {
+                Some((rate_bps as f64 - self.bps()) / rate_bps as f64)
+            }
+            SloClass::BestEffort => None,
+        }
+    }
+    pub fn violating(&self) -> bool {
+        match self.class {
+            SloClass::Latency { .. } => self.vio().is_some_and(|v| v > 0.0),
+            // Only a backlogged service can be short of its rate because of others.
+            SloClass::Throughput { .. } => {
+                self.vio().is_some_and(|v| v > 0.0) && self.mean_inflight >= 1.0
+            }
+            SloClass::BestEffort => false,
+        }
+    }
+    /// Impact (paper 001 eq. 2): Th_dif = Vio / (L / SLO) * Th_cur, in bytes/s.
+    pub fn th_dif(&self) -> Option<f64> {
+        let slo = self.slo_ns()? as f64;
+        let l = self.judged_p999()? as f64;
+        Some(self.vio()? / (l / slo) * self.bps())
+    }
+    pub fn floor_bps(&self) -> u64 {
+        let avg_io = if self.iops() > 0.0 {
+            self.bps() / self.iops()
+        } else {
+            4096.0
+        };
+        match self.floor {
+            Some(Rate::BytesPerSec(b)) => b,
+            Some(Rate::IosPerSec(n)) => (n as f64 * avg_io) as u64,
+            None => 0,
+        }
+        .max(MIN_CAP_BPS)
+    }
+    pub fn floor_iops(&self) -> u64 {
+        let avg_io = if self.iops() > 0.0 {
+            self.bps() / self.iops()
+        } else {
+            4096.0
+        };
+        match self.floor {
+            Some(Rate::IosPerSec(n)) => n,
+            Some(Rate::BytesPerSec(b)) => (b as f64 / avg_io.max(512.0)) as u64,
+            None => 0,
+        }
+        .max(MIN_CAP_IOPS)
+    }
+    pub fn ceiling_bps(&self) -> Option<u64> {
+        match self.ceiling {
+            Some(Rate::BytesPerSec(b)) => Some(b),
+            _ => None,
+        }
+    }
+    /// A change decided at the end of cycle c takes effect a few ms into cycle c+1; c+1
+    /// is the transition and c+2 the first full cycle under it. Only then may it change
+    /// again.
+    pub fn can_change(&self, cycle: u64) -> bool {
+        self.changed_cycle.is_none_or(|c| cycle >= c + 2)
+    }
+}
+
+/// One device's cycle, the input of every policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceCycle {
+    pub cycle: u64,
+    pub dev: u32,
+    pub interval_s: f64,
+    /// Fraction of the cycle the device had requests in flight (io_ticks), 0..1.
+    pub utilization: f64,
+    pub services: Vec<ServiceLoad>,
+}
+
+impl DeviceCycle {
+    /// Device-time share of a service: its mean in-flight over everyone's.
+    pub fn share(&self, id: ServiceId) -> f64 {
+        let total: f64 = self.services.iter().map(|s| s.mean_inflight).sum();
+        let mine = self
+            .services
+            .iter()
+            .find(|s| s.id == id)
+            .map_or(0.0, |s| s.mean_inflight);
+        if total > 0.0 {
+            mine / total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The numbers behind a decision.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Cause {
+    /// The service whose SLO this decision protects, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub victim: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p999_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_p999_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_rate_bps: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub th_dif_bps: Option<f64>,
+    /// Device-time share of the throttled service.
+    pub share: f64,
+    pub utilization: f64,
+    /// Throughput of the changed service in the cycle, bytes/s.
+    pub rate_bps: f64,
+    /// Concurrency level P realised by an IOPS cap (Little's law), with the measured
+    /// mean in-flight it is checked against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<f64>,
+    pub mean_inflight: f64,
+}
+
+/// Set one knob of one service on one device; `to: None` removes the limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub service: ServiceId,
+    pub dev: u32,
+    pub knob: Knob,
+    pub to: Option<u64>,
+    pub reason: String,
+    pub cause: Cause,
+}
+
+pub trait Policy: Send {
+    fn name(&self) -> &'static str;
+    /// One device's cycle in, limit changes out. Deterministic.
+    fn decide(&mut self, dev: &DeviceCycle) -> Vec<Decision>;
+}
+
+pub const POLICY_NAMES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
+
+pub fn by_name(name: &str, ute_threshold: f64) -> Option<Box<dyn Policy>> {
+    Some(match name {
+        "adaptive" => Box::new(Adaptive::default()),
+        "pine" => Box::new(Pine::default()),
+        "priority" => Box::new(Priority::default()),
+        "slae" => Box::new(Slae),
+        "ute" => Box::new(Ute {
+            threshold: ute_threshold,
+        }),
+        _ => return None,
+    })
+}
+
+/// Decisions that cap a service's total bandwidth at `cap_bps`, split over read and
+/// write by what it did this cycle (a direction it did not use stays as it is).
+pub(crate) fn cap_bandwidth(
+    s: &ServiceLoad,
+    dev: u32,
+    cap_bps: u64,
+    reason: String,
+    cause: Cause,
+) -> Vec<Decision> {
+    let total = s.bps();
+    let mut out = vec![];
+    for (knob, part) in [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)] {
+        let frac = if total > 0.0 { part / total } else { 0.0 };
+        if frac < 0.05 && s.limit.get(knob).is_none() {
+            continue;
+        }
+        let v = ((cap_bps as f64 * frac.max(0.05)) as u64).max(MIN_CAP_BPS);
+        if s.limit.get(knob) != Some(v) {
+            out.push(Decision {
+                service: s.id,
+                dev,
+                knob,
+                to: Some(v),
+                reason: reason.clone(),
+                cause: cause.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Decisions that remove every limit of a service we set.
+pub(crate) fn uncap(s: &ServiceLoad, dev: u32, reason: String, cause: Cause) -> Vec<Decision> {
+    Knob::ALL
+        .iter()
+        .filter(|&&k| s.limit.get(k).is_some())
+        .map(|&knob| Decision {
+            service: s.id,
+            dev,
+            knob,
+            to: None,
+            reason: reason.clone(),
+            cause: cause.clone(),
+        })
+        .collect()
+}
+
+/// PINE eq. (2)-(3): the next concurrency level of a latency service over its SLO.
+pub fn pine_concurrency_step(p: f64, l_ns: f64, slo_ns: f64) -> f64 {
+    if l_ns > slo_ns {
+        (p * slo_ns / l_ns).min(p - 1.0).max(1.0)
+    } else {
+        p
+    }
+}
+
+/// A concurrency level P as IOPS caps via Little's law (IOPS = P / mean latency), split
+/// over read and write by this cycle's mix.
+pub(crate) fn cap_concurrency(
+    s: &ServiceLoad,
+    dev: u32,
+    p: f64,
+    reason: String,
+    mut cause: Cause,
+) -> Vec<Decision> {
+    let Some(lat) = s.mean_latency_ns.filter(|&l| l > 0.0) else {
+        return vec![];
+    };
+    let total_iops = p / (lat / 1e9);
+    cause.concurrency = Some(p);
+    let iops = s.iops();
+    let mut out = vec![];
+    for (knob, part) in [(Knob::Riops, s.read_iops), (Knob::Wiops, s.write_iops)] {
+        let frac = if iops > 0.0 { part / iops } else { 0.0 };
+        if frac < 0.05 {
+            continue;
+        }
+        let v = ((total_iops * frac) as u64).max(s.floor_iops());
+        if s.limit.get(knob) != Some(v) {
+            out.push(Decision {
+                service: s.id,
+                dev,
+                knob,
+                to: Some(v),
+                reason: reason.clone(),
+                cause: cause.clone(),
+            });
+        }
+    }
+    out
+}
+
+pub(crate) fn base_cause(d: &DeviceCycle, s: &ServiceLoad) -> Cause {
+    Cause {
+        share: d.share(s.id),
+        utilization: d.utilization,
+        rate_bps: s.bps(),
+        mean_inflight: s.mean_inflight,
+        ..Default::default()
+    }
+}
+
+pub(crate) fn victim_cause(mut c: Cause, v: &ServiceLoad) -> Cause {
+    c.victim = Some(v.name.clone());
+    c.p999_ns = v.judged_p999();
+    c.slo_p999_ns = v.slo_ns();
+    if let SloClass::Throughput { rate_bps } = v.class {
+        c.slo_rate_bps = Some(rate_bps);
+    }
+    c.vio = v.vio();
+    c.th_dif_bps = v.th_dif();
+    c
+}

@@ -1,0 +1,555 @@
+//! A deterministic simulated disk for the policy tests. Latency services see a p99.9 that
+//! rises with the bandwidth everyone else pushes through the device, shaped after the test
+//! machine's measured noisy-neighbor curve (DESIGN.md: 0.43 ms alone; writer at 400 MB/s
+//! 3.2 ms, at 800 MB/s 19 ms, uncapped ~2 GB/s 27 ms) and with their own queue depth.
+//! Throughput services share what is left of the device's bandwidth. The cycle right after
+//! a limit changes is a transition: it sees the worse of the old and the new state.
+
+use super::*;
+use crate::config::{Rate, SloClass};
+
+const CAPACITY_BPS: f64 = 2.0e9;
+const MB: f64 = 1e6;
+
+/// p99.9 added to a small random read by `others_bps` of other traffic, in ns.
+fn interference_ns(others_bps: f64) -> f64 {
+    let table = [
+        (0.0, 0.0),
+        (100.0, 2.47),
+        (200.0, 2.47),
+        (400.0, 2.77),
+        (800.0, 18.57),
+        (1200.0, 21.57),
+        (2000.0, 26.57),
+        (4000.0, 30.0),
+    ];
+    let x = others_bps / MB;
+    for w in table.windows(2) {
+        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+        if x <= x1 {
+            return (y0 + (y1 - y0) * (x - x0) / (x1 - x0)) * 1e6;
+        }
+    }
+    30.0e6
+}
+
+#[derive(Debug, Clone)]
+pub struct SimService {
+    pub name: &'static str,
+    pub class: SloClass,
+    pub floor: Option<Rate>,
+    /// Latency services: queue depth and I/O size (small random reads).
+    pub qd: f64,
+    /// Offered load in bytes/s when unthrottled (throughput and best-effort services).
+    pub demand_bps: f64,
+    /// Cycle from which the service runs.
+    pub start: u64,
+    pub limit: IoMaxLimit,
+    pub changed: Option<u64>,
+}
+
+impl SimService {
+    pub fn latency(name: &'static str, slo_ms: f64, qd: f64) -> Self {
+        SimService {
+            name,
+            class: SloClass::Latency {
+                p999_ns: (slo_ms * 1e6) as u64,
+            },
+            floor: None,
+            qd,
+            demand_bps: 0.0,
+            start: 0,
+            limit: IoMaxLimit::default(),
+            changed: None,
+        }
+    }
+    pub fn writer(name: &'static str, class: SloClass, demand_mbps: f64, start: u64) -> Self {
+        SimService {
+            name,
+            class,
+            floor: None,
+            qd: 32.0,
+            demand_bps: demand_mbps * MB,
+            start,
+            limit: IoMaxLimit::default(),
+            changed: None,
+        }
+    }
+}
+
+pub struct SimDisk {
+    pub cycle: u64,
+    pub services: Vec<SimService>,
+    /// The previous cycle's bulk rates, for the transition cycle.
+    prev_rates: Vec<f64>,
+}
+
+impl SimDisk {
+    pub fn new(services: Vec<SimService>) -> Self {
+        let n = services.len();
+        SimDisk {
+            cycle: 0,
+            services,
+            prev_rates: vec![0.0; n],
+        }
+    }
+
+    fn bulk_rates(&self) -> Vec<f64> {
+        // Requested rates after caps, then shared out if the device is oversubscribed.
+        let want: Vec<f64> = self
+            .services
+            .iter()
+            .map(|s| {
+                if self.cycle < s.start || s.demand_bps == 0.0 {
+                    return 0.0;
+                }
+                let cap = s.limit.total_bps().map_or(f64::MAX, |c| c as f64);
+                s.demand_bps.min(cap)
+            })
+            .collect();
+        let total: f64 = want.iter().sum();
+        let scale = if total > CAPACITY_BPS * 0.95 {
+            CAPACITY_BPS * 0.95 / total
+        } else {
+            1.0
+        };
+        want.iter().map(|w| w * scale).collect()
+    }
+
+    /// Runs one cycle and returns what the policies see.
+    pub fn step(&mut self) -> DeviceCycle {
+        let rates = self.bulk_rates();
+        let mut loads = vec![];
+        for (i, s) in self.services.iter().enumerate() {
+            let running = self.cycle >= s.start;
+            let transition = s.changed == Some(self.cycle.wrapping_sub(1))
+                || self
+                    .services
+                    .iter()
+                    .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
+            let others = |r: &[f64]| -> f64 {
+                r.iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, v)| v)
+                    .sum()
+            };
+            let mut others_bps = others(&rates);
+            if transition {
+                others_bps = others_bps.max(others(&self.prev_rates));
+            }
+            let mut l = SimLoadBuilder::default();
+            if let SloClass::Latency { .. } = s.class {
+                if running {
+                    // Own queue depth costs 0.1 ms per queued request at the tail.
+                    let p999 = 0.43e6 + interference_ns(others_bps) + (s.qd - 1.0) * 0.1e6;
+                    let mean = 0.08e6 + p999 / 20.0;
+                    let mut iops = s.qd / (mean / 1e9);
+                    if let Some(c) = s.limit.riops {
+                        iops = iops.min(c as f64);
+                    }
+                    l.read_iops = iops;
+                    l.read_bps = iops * 4096.0;
+                    l.p999 = Some(p999 as u64);
+                    l.samples = iops as u64;
+                    l.mean = Some(mean);
+                    l.inflight = iops * mean / 1e9;
+                }
+            } else if running {
+                l.write_bps = rates[i];
+                l.write_iops = rates[i] / (1 << 20) as f64;
+                let mean = 0.6e6 * (1.0 + rates.iter().sum::<f64>() / CAPACITY_BPS * 10.0);
+                l.inflight = (l.write_iops * mean / 1e9).min(s.qd);
+                l.mean = Some(mean);
+                l.samples = l.write_iops as u64;
+                l.p999 = Some((mean * 3.0) as u64);
+            }
+            loads.push(ServiceLoad {
+                id: i,
+                name: s.name.into(),
+                class: s.class,
+                floor: s.floor,
+                ceiling: None,
+                read_bps: l.read_bps,
+                write_bps: l.write_bps,
+                read_iops: l.read_iops,
+                write_iops: l.write_iops,
+                p999_ns: l.p999,
+                samples: l.samples,
+                mean_latency_ns: l.mean,
+                mean_inflight: l.inflight,
+                peak_inflight: l.inflight.ceil() as u64,
+                limit: s.limit,
+                changed_cycle: s.changed,
+            });
+        }
+        let util = (rates.iter().sum::<f64>() / CAPACITY_BPS
+            + loads
+                .iter()
+                .filter(|l| l.slo_ns().is_some())
+                .map(|l| l.mean_inflight)
+                .sum::<f64>())
+        .min(1.0);
+        self.prev_rates = rates;
+        DeviceCycle {
+            cycle: self.cycle,
+            dev: 1,
+            interval_s: 1.0,
+            utilization: util,
+            services: loads,
+        }
+    }
+
+    /// Applies decisions (as the enforcer would) and advances the clock.
+    pub fn apply(&mut self, decisions: &[Decision]) {
+        for d in decisions {
+            let s = &mut self.services[d.service];
+            s.limit.set(d.knob, d.to);
+            s.changed = Some(self.cycle);
+        }
+        self.cycle += 1;
+    }
+
+    /// Runs `n` cycles under a policy; returns every cycle's input and decisions.
+    pub fn run(&mut self, p: &mut dyn Policy, n: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
+        (0..n)
+            .map(|_| {
+                let c = self.step();
+                let d = p.decide(&c);
+                self.apply(&d);
+                (c, d)
+            })
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct SimLoadBuilder {
+    read_bps: f64,
+    write_bps: f64,
+    read_iops: f64,
+    write_iops: f64,
+    p999: Option<u64>,
+    samples: u64,
+    mean: Option<f64>,
+    inflight: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noisy_pair(slo_ms: f64) -> SimDisk {
+        SimDisk::new(vec![
+            SimService::latency("reader", slo_ms, 1.0),
+            SimService::writer("writer", SloClass::BestEffort, 2400.0, 5),
+        ])
+    }
+
+    fn violating_cycles(h: &[(DeviceCycle, Vec<Decision>)], name: &str) -> Vec<u64> {
+        h.iter()
+            .filter(|(c, _)| c.services.iter().any(|s| s.name == name && s.violating()))
+            .map(|(c, _)| c.cycle)
+            .collect()
+    }
+
+    /// Highest static writer cap that keeps the reader within its SLO.
+    fn best_static_mbps(slo_ms: f64) -> f64 {
+        let mut best = 0.0;
+        for mbps in (10..2400).step_by(5) {
+            let mut d = noisy_pair(slo_ms);
+            d.services[1].limit.wbps = Some((mbps as f64 * MB) as u64);
+            d.cycle = 10;
+            let c = d.step();
+            if !c.services[0].violating() {
+                best = mbps as f64;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn adaptive_meets_slo_within_three_cycles_and_keeps_the_writer_busy() {
+        let slo = 5.0;
+        let mut disk = noisy_pair(slo);
+        let h = disk.run(&mut Adaptive::default(), 200);
+        let v = violating_cycles(&h, "reader");
+        let start = v[0];
+        assert_eq!(start, 5, "the violation starts with the writer");
+        // The cycle of the violation and the transition cycle after the cut may violate.
+        assert!(
+            !v.contains(&(start + 2)),
+            "not under the SLO by cycle {}: {v:?}",
+            start + 2
+        );
+        let late: Vec<_> = v.iter().filter(|&&c| c > start + 2).collect();
+        assert!(late.len() <= 2, "violations after convergence: {late:?}");
+        assert!(
+            v.iter().all(|&c| c < 60),
+            "violations late in the run: {v:?}"
+        );
+        // No oscillation: the last 100 cycles change nothing.
+        let changes_late = h[100..].iter().filter(|(_, d)| !d.is_empty()).count();
+        assert_eq!(changes_late, 0, "limit still moving late in the run");
+        let final_cap = disk.services[1].limit.wbps.unwrap() as f64 / MB;
+        let best = best_static_mbps(slo);
+        assert!(
+            final_cap >= 0.9 * best,
+            "writer cap {final_cap} MB/s < 90 % of best static {best}"
+        );
+        assert!(
+            final_cap <= best,
+            "writer cap {final_cap} above best static {best}"
+        );
+    }
+
+    #[test]
+    fn adaptive_many_services_like_paper_001() {
+        for n in 2..=6usize {
+            // Latency services with different SLOs, throughput services with targets and
+            // one best-effort bulk writer; the bulk load starts at cycle 5.
+            let mut svcs = vec![SimService::latency("l-a", 6.0, 1.0)];
+            if n >= 3 {
+                svcs.push(SimService::latency("l-b", 8.0, 2.0));
+            }
+            if n >= 4 {
+                svcs.push(SimService::writer(
+                    "t-a",
+                    SloClass::Throughput {
+                        rate_bps: (20.0 * MB) as u64,
+                    },
+                    25.0,
+                    0,
+                ));
+            }
+            if n >= 5 {
+                svcs.push(SimService::latency("l-c", 10.0, 1.0));
+            }
+            if n >= 6 {
+                svcs.push(SimService::writer(
+                    "t-b",
+                    SloClass::Throughput {
+                        rate_bps: (40.0 * MB) as u64,
+                    },
+                    60.0,
+                    0,
+                ));
+            }
+            svcs.push(SimService::writer("bulk", SloClass::BestEffort, 2400.0, 5));
+            assert_eq!(svcs.len(), n);
+            let mut disk = SimDisk::new(svcs);
+            let h = disk.run(&mut Adaptive::default(), 150);
+            for name in ["l-a", "l-b", "l-c"] {
+                let v = violating_cycles(&h, name);
+                if v.is_empty() {
+                    continue;
+                }
+                assert!(
+                    !v.contains(&(v[0] + 2)),
+                    "{n} services: {name} still violating 3 cycles after {}: {v:?}",
+                    v[0]
+                );
+                assert!(
+                    v.iter().all(|&c| c < 60),
+                    "{n} services: {name} late violations {v:?}"
+                );
+            }
+            // Throughput services keep their targets.
+            for (c, _) in &h[100..] {
+                for s in &c.services {
+                    assert!(
+                        !s.violating(),
+                        "{n} services: {} violating at {}",
+                        s.name,
+                        c.cycle
+                    );
+                }
+            }
+            assert!(
+                h[100..].iter().all(|(_, d)| d.is_empty()),
+                "{n} services: still changing"
+            );
+        }
+    }
+
+    #[test]
+    fn adaptive_turns_the_victims_own_concurrency_only_when_alone() {
+        // A deep-queue latency service alone on the disk: nobody else to throttle.
+        let mut disk = SimDisk::new(vec![SimService::latency("deep", 1.0, 16.0)]);
+        let c = disk.step();
+        let d = Adaptive::default().decide(&c);
+        assert!(!d.is_empty());
+        assert!(d.iter().all(|x| x.service == 0 && x.knob == Knob::Riops));
+        let p = d[0].cause.concurrency.unwrap();
+        assert!(p < c.services[0].mean_inflight && p >= 1.0, "P {p}");
+        // With a bulk writer present, the writer is throttled instead.
+        let mut disk = noisy_pair(5.0);
+        disk.cycle = 6;
+        let c = disk.step();
+        let d = Adaptive::default().decide(&c);
+        assert!(
+            d.iter().all(|x| x.service == 1 && x.knob == Knob::Wbps),
+            "{d:?}"
+        );
+        assert_eq!(d[0].cause.victim.as_deref(), Some("reader"));
+    }
+
+    #[test]
+    fn pine_follows_equations_exactly() {
+        // Eq. (2)-(3): P=16, L=2*SLO -> min(8, 15) = 8.
+        assert_eq!(pine_concurrency_step(16.0, 2.0, 1.0), 8.0);
+        // Small violation: the step is at least one.
+        assert_eq!(pine_concurrency_step(16.0, 1.01, 1.0), 15.0);
+        assert_eq!(pine_concurrency_step(1.0, 9.0, 1.0), 1.0);
+        assert_eq!(pine_concurrency_step(4.0, 0.5, 1.0), 4.0);
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("deep", 1.0, 16.0),
+            SimService::writer(
+                "tf-low",
+                SloClass::Throughput {
+                    rate_bps: 100_000_000,
+                },
+                50.0,
+                0,
+            ),
+            SimService::writer(
+                "tf-high",
+                SloClass::Throughput {
+                    rate_bps: 100_000_000,
+                },
+                300.0,
+                0,
+            ),
+        ]);
+        let c = disk.step();
+        let d = Pine::default().decide(&c);
+        // Eq. (1): below target -> allocate the target; above -> allocate what it uses.
+        let low = d.iter().find(|x| x.service == 1).unwrap();
+        assert_eq!((low.knob, low.to), (Knob::Wbps, Some(100_000_000)));
+        let high = d.iter().find(|x| x.service == 2).unwrap();
+        assert_eq!(high.to, Some(c.services[2].write_bps as u64));
+        // The latency service's concurrency goes 16 -> max(min(16*SLO/L, 15), 1).
+        let lat = d.iter().find(|x| x.service == 0).unwrap();
+        let s = &c.services[0];
+        let want = pine_concurrency_step(16.0, s.p999_ns.unwrap() as f64, 1e6);
+        assert_eq!(lat.cause.concurrency, Some(want));
+        let iops = want / (s.mean_latency_ns.unwrap() / 1e9);
+        assert_eq!(lat.to, Some(iops as u64));
+        // PINE cannot help a QD1 reader against a best-effort writer: it has nothing to turn.
+        let mut disk = noisy_pair(5.0);
+        let h = disk.run(&mut Pine::default(), 30);
+        assert!(h.iter().all(|(_, d)| d.is_empty()));
+        assert!(violating_cycles(&h, "reader").len() >= 20);
+    }
+
+    #[test]
+    fn priority_adjusts_only_the_highest_impact_service_per_cycle() {
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("l-a", 0.6, 8.0),
+            SimService::latency("l-b", 0.8, 16.0),
+            SimService::latency("l-c", 1.0, 4.0),
+        ]);
+        let mut p = Priority::default();
+        let c = disk.step();
+        let th: Vec<f64> = c.services.iter().map(|s| s.th_dif().unwrap()).collect();
+        let top = (0..3).max_by(|&a, &b| th[a].total_cmp(&th[b])).unwrap();
+        let d = p.decide(&c);
+        assert!(!d.is_empty());
+        assert!(
+            d.iter().all(|x| x.service == top),
+            "{d:?} vs top {top} of {th:?}"
+        );
+        disk.apply(&d);
+        // Next cycle: the change has not had a full cycle yet: nobody is touched.
+        let c = disk.step();
+        assert!(p.decide(&c).is_empty());
+        // Th_dif follows paper 001 eq. (2).
+        let s = &c.services[1];
+        let (l, slo) = (s.p999_ns.unwrap() as f64, 0.8e6);
+        let vio = (l - slo) / slo;
+        assert!((s.th_dif().unwrap() - vio / (l / slo) * s.bps()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn slae_throttles_the_overloading_service_when_an_sla_is_missed() {
+        let mut disk = noisy_pair(5.0);
+        let h = disk.run(&mut Slae, 5);
+        assert!(
+            h.iter().all(|(_, d)| d.is_empty()),
+            "no SLA miss, no action"
+        );
+        let c = disk.step();
+        let d = Slae.decide(&c);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].service, d[0].knob), (1, Knob::Wbps));
+        assert_eq!(d[0].to, Some((c.services[1].write_bps / 2.0) as u64));
+        // It keeps halving while the SLA is missed and never relaxes.
+        disk.apply(&d);
+        let h = disk.run(&mut Slae, 60);
+        let caps: Vec<u64> = h
+            .iter()
+            .filter_map(|(c, _)| c.services[1].limit.wbps)
+            .collect();
+        assert!(
+            caps.windows(2).all(|w| w[1] <= w[0]),
+            "SLAE relaxed: {caps:?}"
+        );
+        assert!(!h.last().unwrap().0.services[0].violating());
+    }
+
+    #[test]
+    fn ute_throttles_the_top_consumer_above_the_threshold() {
+        let mut disk = SimDisk::new(vec![
+            SimService::writer("small", SloClass::BestEffort, 100.0, 0),
+            SimService::writer("big", SloClass::BestEffort, 1500.0, 0),
+        ]);
+        let mut p = Ute { threshold: 0.75 };
+        let c = disk.step();
+        assert!(c.utilization > 0.75);
+        let d = p.decide(&c);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].service, 1);
+        disk.apply(&d);
+        let h = disk.run(&mut p, 30);
+        let last = &h.last().unwrap().0;
+        assert!(last.utilization <= 0.75 + 1e-9 || h.last().unwrap().1.is_empty());
+        // Below the threshold it does nothing.
+        let mut quiet = SimDisk::new(vec![SimService::writer(
+            "w",
+            SloClass::BestEffort,
+            200.0,
+            0,
+        )]);
+        let c = quiet.step();
+        assert!(c.utilization < 0.75);
+        assert!(p.decide(&c).is_empty());
+    }
+
+    #[test]
+    fn floors_are_never_crossed() {
+        let mut disk = noisy_pair(1.0);
+        disk.services[1].floor = Some(Rate::BytesPerSec(900_000_000));
+        for p in POLICY_NAMES {
+            let mut d = noisy_pair(1.0);
+            d.services[1].floor = Some(Rate::BytesPerSec(900_000_000));
+            let h = d.run(by_name(p, 0.75).unwrap().as_mut(), 40);
+            for (_, ds) in &h {
+                for x in ds.iter().filter(|x| x.service == 1) {
+                    if let Some(v) = x.to {
+                        assert!(v >= 900_000_000 || x.knob == Knob::Rbps, "{p}: {x:?}");
+                    }
+                }
+            }
+        }
+        let _ = disk.step();
+    }
+
+    #[test]
+    fn decisions_replay_identically() {
+        let run = || {
+            let mut d = noisy_pair(5.0);
+            d.run(&mut Adaptive::default(), 80)
+        };
+        assert_eq!(run(), run());
+    }
+}
