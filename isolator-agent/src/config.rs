@@ -141,9 +141,11 @@ pub fn parse_rate(s: &str) -> Result<Rate, String> {
         "MiB/s" => 1024.0 * 1024.0,
         "GiB/s" => 1024.0 * 1024.0 * 1024.0,
         "" => return Err(format!("'{s}' has no unit; write e.g. \"{num}MB/s\"")),
-        u => return Err(format!(
+        u => {
+            return Err(format!(
             "unknown unit '{u}' in '{s}'; use B/s, KB/s, MB/s, GB/s, KiB/s, MiB/s, GiB/s or iops"
-        )),
+        ))
+        }
     };
     Ok(Rate::BytesPerSec((v * scale).round().max(1.0) as u64))
 }
