@@ -14,9 +14,12 @@ use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE, UNATTRIBUTED_CGRO
 use crate::{
     cgroupfs::IoHierarchy,
     collector::{Collector, Snapshot},
+    config::Config,
+    control::Controller,
+    enforcer::{Enforcer, Journal, Restored},
     events::{CgroupRef, DeviceStats, Event, NdjsonSink, Totals},
     metrics::Metrics,
-    privileges,
+    policy, privileges,
     probe::{self, Probe},
 };
 
@@ -24,6 +27,12 @@ pub struct RunOptions {
     pub interval: Duration,
     pub json: Option<PathBuf>,
     pub btf: PathBuf,
+    /// SLO config; without one the agent only observes.
+    pub config: Option<PathBuf>,
+    pub policy: String,
+    pub ute_threshold: f64,
+    pub dry_run: bool,
+    pub journal_dir: PathBuf,
 }
 
 /// Names disks by dev_t from /sys/dev/block.
@@ -61,8 +70,9 @@ impl Registry {
         })
     }
 
-    /// Names every id in `active` (the cgroups in this cycle's snapshot).
-    fn update(&mut self, active: &BTreeSet<u64>) {
+    /// Names every id in `active` (the cgroups in this cycle's snapshot). Returns whether
+    /// it had to walk the hierarchy (new or moved cgroups).
+    fn update(&mut self, active: &BTreeSet<u64>) -> bool {
         self.paths.retain(|id, _| active.contains(id));
         self.gone.retain(|id| active.contains(id));
         let unresolved: Vec<u64> = active
@@ -73,7 +83,7 @@ impl Registry {
             })
             .collect();
         if unresolved.is_empty() {
-            return;
+            return false;
         }
         let mut live = self.hierarchy.scan();
         for id in unresolved {
@@ -87,6 +97,7 @@ impl Registry {
                 }
             }
         }
+        true
     }
 
     fn is_gone(&self, id: u64) -> bool {
@@ -116,6 +127,7 @@ pub struct Agent {
     metrics: Metrics,
     registry: Registry,
     disks: DiskNames,
+    control: Option<Controller>,
     // Declared last: dropping it detaches the programs after the maps are released.
     probe: Probe,
 }
@@ -140,6 +152,41 @@ impl Agent {
             })?;
         }
         let hierarchy = IoHierarchy::detect()?;
+        // A journal left by a crashed run is restored before anything else.
+        let mut early_events = vec![];
+        let journal = if opts.config.is_some() && !opts.dry_run {
+            let mut j = Journal::open(&opts.journal_dir)?;
+            for r in j.recover()? {
+                early_events.push(restore_event("recovery", r));
+            }
+            Some(j)
+        } else {
+            if opts.journal_dir.join("journal.json").exists() {
+                match Journal::open(&opts.journal_dir).and_then(|mut j| j.recover()) {
+                    Ok(rs) => {
+                        early_events.extend(rs.into_iter().map(|r| restore_event("recovery", r)))
+                    }
+                    Err(e) => early_events.push(Event::Warning {
+                        code: "journal".into(),
+                        message: format!("{e}; run 'isolator restore' once it is free"),
+                    }),
+                }
+            }
+            None
+        };
+        let control = match &opts.config {
+            None => None,
+            Some(path) => {
+                let cfg = Config::load(path)?;
+                let paths: Vec<String> = hierarchy.scan().into_values().collect();
+                cfg.check_against(&path.display().to_string(), &paths)?;
+                let policy = policy::by_name(&opts.policy, opts.ute_threshold)
+                    .with_context(|| format!("unknown policy '{}'", opts.policy))?;
+                let mut c = Controller::new(cfg, policy, Enforcer::new(hierarchy.mode, journal));
+                c.rescan(&hierarchy);
+                Some(c)
+            }
+        };
         let btf = probe::load_btf(&opts.btf)?;
         let mut probe = Probe::load(btf)?;
         let collector = Collector::new(&mut probe.ebpf)?;
@@ -151,7 +198,19 @@ impl Agent {
             cgroup_root: hierarchy.root.display().to_string(),
             attach: "btf_tracepoint".into(),
             interval_s: opts.interval.as_secs_f64(),
+            policy: control.as_ref().map(|c| c.policy_name().to_string()),
+            config: opts.config.as_ref().map(|p| p.display().to_string()),
+            dry_run: opts.dry_run,
         })?;
+        for e in &early_events {
+            sink.emit(e)?;
+        }
+        let mut control = control;
+        if let Some(c) = control.as_mut() {
+            for e in c.apply_weights(&hierarchy, 0) {
+                sink.emit(&e)?;
+            }
+        }
         sink.flush()?;
         Ok(Agent {
             sink,
@@ -163,6 +222,7 @@ impl Agent {
                 gone: HashSet::new(),
             },
             disks: DiskNames::default(),
+            control,
             probe,
         })
     }
@@ -178,7 +238,12 @@ impl Agent {
             })?;
         }
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
-        self.registry.update(&active);
+        let scanned = self.registry.update(&active);
+        if let Some(c) = self.control.as_mut() {
+            if scanned || snap.cycle % 30 == 0 {
+                c.rescan(&self.registry.hierarchy);
+            }
+        }
         for (key, count) in &snap.inflight_resets {
             let cgroup = self.registry.cgroup(key.cgroup_id);
             self.sink.emit(&Event::Warning {
@@ -217,6 +282,20 @@ impl Agent {
                     cycle: snap.cycle,
                     cgroup,
                 })?;
+            }
+        }
+
+        if let Some(c) = self.control.as_mut() {
+            let registry = &self.registry;
+            let cycles = c.device_cycles(&snap, &|id| registry.paths.get(&id).cloned());
+            let disks = &mut self.disks;
+            let names: HashMap<u32, Option<String>> =
+                cycles.iter().map(|d| (d.dev, disks.name(d.dev))).collect();
+            let events = c.step(&self.registry.hierarchy, &cycles, &|dev| {
+                names.get(&dev).cloned().flatten()
+            });
+            for e in events {
+                self.sink.emit(&e)?;
             }
         }
 
@@ -295,6 +374,11 @@ impl Agent {
     }
 
     pub fn stop(&mut self, reason: &str, cycles: u64) -> Result<()> {
+        if let Some(c) = self.control.as_mut() {
+            for e in c.restore_all("stop") {
+                self.sink.emit(&e)?;
+            }
+        }
         self.sink.emit(&Event::AgentStop {
             reason: reason.into(),
             cycles,
@@ -331,4 +415,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     agent.stop(reason, cycles)?;
     drop(agent);
     Ok(())
+}
+
+pub fn restore_event(reason: &str, r: Restored) -> Event {
+    Event::Restore {
+        reason: reason.into(),
+        file: r.file,
+        knob: r.knob,
+        value: r.value,
+        result: r.result,
+    }
 }

@@ -28,6 +28,9 @@ pub struct KeyDelta {
     pub queue_sum_ns: u64,
     pub lat_hist: SparseHist,
     pub queue_hist: SparseHist,
+    pub total_count: u64,
+    pub total_sum_ns: u64,
+    pub total_hist: SparseHist,
     /// Requests in flight at the end of the cycle (clamped at 0).
     pub inflight_now: u64,
     /// Most requests in flight at once during the cycle.
@@ -88,9 +91,12 @@ fn accumulate(sum: &mut IoStats, v: &IoStats) {
     sum.lat_sum_ns = sum.lat_sum_ns.wrapping_add(v.lat_sum_ns);
     sum.queue_count = sum.queue_count.wrapping_add(v.queue_count);
     sum.queue_sum_ns = sum.queue_sum_ns.wrapping_add(v.queue_sum_ns);
+    sum.total_count = sum.total_count.wrapping_add(v.total_count);
+    sum.total_sum_ns = sum.total_sum_ns.wrapping_add(v.total_sum_ns);
     for i in 0..HIST_BUCKETS {
         sum.lat_hist[i] = sum.lat_hist[i].wrapping_add(v.lat_hist[i]);
         sum.queue_hist[i] = sum.queue_hist[i].wrapping_add(v.queue_hist[i]);
+        sum.total_hist[i] = sum.total_hist[i].wrapping_add(v.total_hist[i]);
     }
 }
 
@@ -116,6 +122,9 @@ fn diff(key: IoKey, now: &IoStats, prev: &IoStats) -> KeyDelta {
         queue_sum_ns: now.queue_sum_ns.wrapping_sub(prev.queue_sum_ns),
         lat_hist: hist_delta(&now.lat_hist, &prev.lat_hist),
         queue_hist: hist_delta(&now.queue_hist, &prev.queue_hist),
+        total_count: now.total_count.wrapping_sub(prev.total_count),
+        total_sum_ns: now.total_sum_ns.wrapping_sub(prev.total_sum_ns),
+        total_hist: hist_delta(&now.total_hist, &prev.total_hist),
         inflight_now: 0,
         inflight_peak: 0,
     }

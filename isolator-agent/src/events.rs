@@ -47,6 +47,17 @@ pub struct Totals {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct ViolationInfo {
+    pub cycle: u64,
+    pub service: String,
+    pub dev: String,
+    pub p999_ns: Option<u64>,
+    pub slo: crate::control::SloRef,
+    pub vio: Option<f64>,
+    pub rate_bps: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     AgentStart {
@@ -57,6 +68,10 @@ pub enum Event {
         cgroup_root: String,
         attach: String,
         interval_s: f64,
+        /// Control: the policy, or null when the agent only observes.
+        policy: Option<String>,
+        config: Option<String>,
+        dry_run: bool,
     },
     CgroupStats {
         cycle: u64,
@@ -82,6 +97,52 @@ pub enum Event {
         collect_us: u64,
         /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
         programs: Vec<crate::probe::ProgramStats>,
+    },
+    /// One service on one device, one cycle (only with --config).
+    ServiceStats {
+        cycle: u64,
+        service: String,
+        slo: crate::control::SloRef,
+        dev: String,
+        disk: Option<String>,
+        state: String,
+        p999_ns: Option<u64>,
+        samples: u64,
+        mean_latency_ns: Option<u64>,
+        read_mbps: f64,
+        write_mbps: f64,
+        iops: f64,
+        mean_inflight: f64,
+        peak_inflight: u64,
+        vio: Option<f64>,
+        th_dif_mbps: Option<f64>,
+        share: f64,
+        utilization: f64,
+        limit: crate::policy::IoMaxLimit,
+    },
+    /// A limit the policy (or the config) set, with the numbers behind it.
+    Decision {
+        cycle: u64,
+        policy: String,
+        service: String,
+        cgroups: Vec<String>,
+        dev: Option<String>,
+        knob: String,
+        old: String,
+        new: String,
+        applied: bool,
+        reason: String,
+        cause: Option<crate::policy::Cause>,
+    },
+    ViolationStart(ViolationInfo),
+    ViolationEnd(ViolationInfo),
+    /// A knob put back to the value it had before the agent touched it.
+    Restore {
+        reason: String,
+        file: String,
+        knob: String,
+        value: String,
+        result: String,
     },
     Warning {
         code: String,

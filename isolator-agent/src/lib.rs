@@ -9,6 +9,7 @@ pub mod cgroupfs;
 pub mod check;
 pub mod collector;
 pub mod config;
+pub mod control;
 pub mod enforcer;
 pub mod events;
 pub mod metrics;

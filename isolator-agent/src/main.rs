@@ -1,7 +1,12 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use isolator::{agent, check, probe::DEFAULT_BTF};
+use isolator::{
+    agent, check,
+    enforcer::{Journal, DEFAULT_JOURNAL_DIR},
+    policy::POLICY_NAMES,
+    probe::DEFAULT_BTF,
+};
 
 #[derive(Parser)]
 #[command(
@@ -30,12 +35,41 @@ enum Command {
         /// Kernel BTF to resolve struct offsets from.
         #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
         btf: PathBuf,
+        /// Services and SLOs (TOML, see docs/config.md); without it the agent only observes.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// Control policy.
+        #[arg(long, default_value = "adaptive", value_parser = clap::builder::PossibleValuesParser::new(POLICY_NAMES))]
+        policy: String,
+        /// Device utilization above which the `ute` policy throttles (0..1).
+        #[arg(long, default_value_t = 0.75, value_parser = parse_fraction)]
+        ute_threshold: f64,
+        /// Compute and report every action without writing any limit.
+        #[arg(long)]
+        dry_run: bool,
+        /// Where the journal of original limit values lives.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_JOURNAL_DIR)]
+        journal_dir: PathBuf,
+    },
+    /// Put back every limit a previous agent wrote (from its journal).
+    Restore {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_JOURNAL_DIR)]
+        journal_dir: PathBuf,
     },
     /// Check that this host can run the agent; each failing item says what to do.
     Check {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
         btf: PathBuf,
     },
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a fraction between 0 and 1; use e.g. 0.75"
+        )),
+    }
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -100,6 +134,11 @@ fn main() -> ExitCode {
             interval,
             json,
             btf,
+            config,
+            policy,
+            ute_threshold,
+            dry_run,
+            journal_dir,
         } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -109,8 +148,14 @@ fn main() -> ExitCode {
                     interval,
                     json,
                     btf,
+                    config,
+                    policy,
+                    ute_threshold,
+                    dry_run,
+                    journal_dir,
                 }))
             }),
+        Command::Restore { journal_dir } => restore(&journal_dir),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);
             print!("{}", check::render(&items));
@@ -128,6 +173,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `isolator restore`: one line per knob put back.
+fn restore(dir: &std::path::Path) -> anyhow::Result<()> {
+    if !dir.join("journal.json").exists() {
+        println!("nothing to restore: no journal in {}", dir.display());
+        return Ok(());
+    }
+    let mut j = Journal::open(dir)?;
+    let results = j.recover()?;
+    let mut failed = 0;
+    for r in &results {
+        println!("{}: {} -> {} ({})", r.file, r.knob, r.value, r.result);
+        failed += r.result.starts_with("failed") as usize;
+    }
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} knob(s) could not be restored and stay in {}/journal.json; fix the cause and run 'isolator restore' again",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

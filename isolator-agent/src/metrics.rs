@@ -126,6 +126,8 @@ pub struct OpStats {
     pub mbps: f64,
     pub latency: LatencySummary,
     pub queue: LatencySummary,
+    /// Request start to completion: queueing plus device, what the submitter waits.
+    pub total: LatencySummary,
     pub inflight: Inflight,
 }
 
@@ -143,16 +145,17 @@ pub struct Inflight {
 /// Keeps the histogram windows of every key and turns deltas into [`OpStats`].
 #[derive(Default)]
 pub struct Metrics {
-    windows: HashMap<IoKey, (HistWindow, HistWindow)>,
+    windows: HashMap<IoKey, [HistWindow; 3]>,
 }
 
 impl Metrics {
     /// Adds the cycle to the key's windows; returns its statistics unless the key was idle
     /// (an idle cycle still counts: it narrows what the window can cover).
     pub fn observe(&mut self, d: &KeyDelta, interval_ns: u64) -> Option<OpStats> {
-        let (lat, queue) = self.windows.entry(d.key).or_default();
+        let [lat, queue, total] = self.windows.entry(d.key).or_default();
         lat.push(interval_ns, d.lat_hist.clone());
         queue.push(interval_ns, d.queue_hist.clone());
+        total.push(interval_ns, d.total_hist.clone());
         if d.is_idle() {
             return None;
         }
@@ -161,6 +164,8 @@ impl Metrics {
         latency.mean_ns = (d.lat_count > 0).then(|| d.lat_sum_ns / d.lat_count);
         let mut q = queue.summary();
         q.mean_ns = (d.queue_count > 0).then(|| d.queue_sum_ns / d.queue_count);
+        let mut t = total.summary();
+        t.mean_ns = (d.total_count > 0).then(|| d.total_sum_ns / d.total_count);
         Some(OpStats {
             ios: d.ios,
             bytes: d.bytes,
@@ -168,6 +173,7 @@ impl Metrics {
             mbps: d.bytes as f64 / secs / 1e6,
             latency,
             queue: q,
+            total: t,
             inflight: Inflight {
                 now: d.inflight_now,
                 peak: d.inflight_peak,

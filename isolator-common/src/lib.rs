@@ -67,10 +67,16 @@ pub struct IoStats {
     /// Requests with a queue-time sample, and the sum of those samples.
     pub queue_count: u64,
     pub queue_sum_ns: u64,
+    /// Requests with a total-latency sample (request start -> complete: what the
+    /// submitter waits, queueing included), and their sum.
+    pub total_count: u64,
+    pub total_sum_ns: u64,
     /// Device latency (issue -> complete), [`latency_bucket`] layout.
     pub lat_hist: [u32; HIST_BUCKETS],
     /// Queue time (request start -> issue), [`latency_bucket`] layout.
     pub queue_hist: [u32; HIST_BUCKETS],
+    /// Total latency (request start -> complete), [`latency_bucket`] layout.
+    pub total_hist: [u32; HIST_BUCKETS],
 }
 
 impl IoStats {
@@ -81,8 +87,11 @@ impl IoStats {
         lat_sum_ns: 0,
         queue_count: 0,
         queue_sum_ns: 0,
+        total_count: 0,
+        total_sum_ns: 0,
         lat_hist: [0; HIST_BUCKETS],
         queue_hist: [0; HIST_BUCKETS],
+        total_hist: [0; HIST_BUCKETS],
     };
 }
 

@@ -397,12 +397,26 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         }
     }
 
+    let start_ns: u64 = if last {
+        unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0)
+    } else {
+        0
+    };
     if let Some(s) = stats_for(&req.key) {
         // SAFETY: s points at this CPU's value.
         unsafe {
             (*s).bytes += nr_bytes;
             if last {
                 (*s).ios += 1;
+                if start_ns != 0 && start_ns <= now {
+                    let total = now - start_ns;
+                    let idx = latency_bucket(total);
+                    (*s).total_count += 1;
+                    (*s).total_sum_ns += total;
+                    if idx < HIST_BUCKETS {
+                        (*s).total_hist[idx] = (*s).total_hist[idx].wrapping_add(1);
+                    }
+                }
                 if issue_ns != 0 && issue_ns <= now {
                     let lat = now - issue_ns;
                     let idx = latency_bucket(lat);

@@ -6,12 +6,12 @@
 //! - The aggressor is the service that occupies the device (largest device-time share)
 //!   among those that owe nothing: best-effort first, then throughput services above
 //!   their target, then latency services within theirs. The bytes the victim competes
-//!   with are scaled by SLO/L (at most half) and the whole cut is taken from the
-//!   aggressor: one decisive cut, because a second cut costs two more cycles.
+//!   with are scaled by (SLO/L)^2 (at most half, at least 5 %) and the whole cut is taken
+//!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law).
 //! - With every SLO met with margin for two full cycles, one capped service is raised:
-//!   x1.1, or half-way to the lowest rate known to break an SLO (remembered for
+//!   x1.25 while every p99.9 is under half its target, else x1.1, or half-way to the lowest rate known to break an SLO (remembered for
 //!   [`BAD_MEMORY_CYCLES`]); within 5 % of it the cap holds. A raise followed by a
 //!   violation goes straight back to the last good cap. A cap that no longer binds is
 //!   removed.
@@ -30,6 +30,7 @@ pub const BAD_MEMORY_CYCLES: u64 = 60;
 const RELAX_MARGIN: f64 = 0.8;
 const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
 const RAISE_FACTOR: f64 = 1.1;
+const FAST_RAISE_FACTOR: f64 = 1.25;
 
 #[derive(Debug, Default, Clone)]
 struct CapState {
@@ -93,15 +94,17 @@ impl Adaptive {
             )
         } else {
             let factor = match victim.class {
+                // Squared: tail latency grows much faster than linearly near the knee,
+                // and an under-cut costs two more violating cycles.
                 SloClass::Latency { p999_ns } => victim
                     .judged_p999()
-                    .map_or(0.5, |l| p999_ns as f64 / l as f64),
+                    .map_or(0.5, |l| (p999_ns as f64 / l as f64).powi(2)),
                 SloClass::Throughput { rate_bps } => {
                     1.0 - (rate_bps as f64 - victim.bps()).max(0.0) / current.max(1.0)
                 }
                 SloClass::BestEffort => 0.5,
             }
-            .clamp(0.1, 0.5);
+            .clamp(0.05, 0.5);
             st.bad = Some((current as u64, d.cycle));
             // The victim suffers from everyone else's bytes: scale that total by the
             // factor and take the whole cut from the aggressor.
@@ -111,7 +114,7 @@ impl Adaptive {
                 .filter(|s| s.id != victim.id)
                 .map(|s| if s.id == a.id { current } else { s.bps() })
                 .sum();
-            let cap = (others * factor - (others - current)).max(current * 0.1);
+            let cap = (others * factor - (others - current)).max(current * 0.05);
             (
                 cap as u64,
                 format!(
@@ -179,7 +182,18 @@ impl Adaptive {
                 cause,
             );
         };
-        let mut next = (cap as f64 * RAISE_FACTOR) as u64;
+        // Far below every target: bigger steps back.
+        let worst = d
+            .services
+            .iter()
+            .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
+            .fold(0.0, f64::max);
+        let factor = if worst <= 0.5 {
+            FAST_RAISE_FACTOR
+        } else {
+            RAISE_FACTOR
+        };
+        let mut next = (cap as f64 * factor) as u64;
         if let Some((bad, _)) = st.bad {
             if cap as f64 >= bad as f64 * 0.95 {
                 return vec![]; // at the knee: hold
@@ -221,18 +235,6 @@ impl Policy for Adaptive {
 
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = vec![];
-        // Ceilings first: they are promises too.
-        for s in &d.services {
-            if let (Some(c), None) = (s.ceiling_bps(), s.limit.total_bps()) {
-                out.extend(cap_bandwidth(
-                    s,
-                    d.dev,
-                    c,
-                    "configured ceiling".into(),
-                    base_cause(d, s),
-                ));
-            }
-        }
         let victim = d
             .services
             .iter()

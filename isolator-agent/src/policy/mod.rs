@@ -99,7 +99,8 @@ pub struct ServiceLoad {
     pub write_bps: f64,
     pub read_iops: f64,
     pub write_iops: f64,
-    /// p99.9 device latency of this cycle's I/Os (all ops), with its sample count.
+    /// p99.9 latency (request start to completion, queueing included) of this cycle.s
+    /// I/Os, all ops, with its sample count.
     pub p999_ns: Option<u64>,
     pub samples: u64,
     pub mean_latency_ns: Option<f64>,
@@ -400,4 +401,17 @@ pub(crate) fn victim_cause(mut c: Cause, v: &ServiceLoad) -> Cause {
     c.vio = v.vio();
     c.th_dif_bps = v.th_dif();
     c
+}
+
+/// Configured ceilings, for every policy: a service with a ceiling and no bandwidth cap on
+/// a device gets the ceiling.
+pub fn ceilings(d: &DeviceCycle) -> Vec<Decision> {
+    d.services
+        .iter()
+        .filter(|s| s.limit.total_bps().is_none())
+        .filter_map(|s| s.ceiling_bps().map(|c| (s, c)))
+        .flat_map(|(s, c)| {
+            cap_bandwidth(s, d.dev, c, "configured ceiling".into(), base_cause(d, s))
+        })
+        .collect()
 }
