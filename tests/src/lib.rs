@@ -307,6 +307,13 @@ impl Agent {
         );
     }
 
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("agent already stopped");
+        child.kill().unwrap();
+        let _ = child.wait();
+    }
+
     /// SIGTERM; returns the exit status and stderr.
     pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
         let child = self.child.take().expect("agent already stopped");

@@ -29,6 +29,8 @@ pub const BAD_MEMORY_CYCLES: u64 = 60;
 /// Relax only when every latency service is at most this fraction of its target.
 const RELAX_MARGIN: f64 = 0.8;
 const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
+/// A cap unchanged this long is settled: a violation under it gets a gentle cut.
+const SETTLED_CYCLES: u64 = 4;
 const RAISE_FACTOR: f64 = 1.1;
 const FAST_RAISE_FACTOR: f64 = 1.25;
 
@@ -105,6 +107,15 @@ impl Adaptive {
                 SloClass::BestEffort => 0.5,
             }
             .clamp(0.05, 0.5);
+            // A cap that held for a while sits near the knee: a lone violation there is
+            // noise or a small load change, so cut gently; a second one cuts decisively.
+            let settled = a.limit.total_bps().is_some()
+                && a.changed_cycle
+                    .is_some_and(|c| d.cycle >= c + SETTLED_CYCLES);
+            let factor = match (settled, victim.slo_ns(), victim.judged_p999()) {
+                (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(0.5, 0.9),
+                _ => factor,
+            };
             st.bad = Some((current as u64, d.cycle));
             // The victim suffers from everyone else's bytes: scale that total by the
             // factor and take the whole cut from the aggressor.

@@ -1,0 +1,385 @@
+//! SLO enforcement on the real disk: the noisy-neighbor scenario under `adaptive`, and
+//! restoring every knob after SIGTERM, after SIGKILL + restart and by `isolator restore`.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use isolator_tests::*;
+use serde_json::Value;
+
+/// Spawns `sh -c 'echo $$ > cgroup.procs; exec <cmd>'`: the command runs in the cgroup
+/// from its first instruction.
+fn spawn_in(cg: &TestCgroup, cmd: &str) -> Child {
+    let procs = cg.dir.join("cgroup.procs");
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {} && exec {cmd}", procs.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn")
+}
+
+fn write_config(scratch: &Scratch, body: &str) -> std::path::PathBuf {
+    let p = scratch.path("isolator.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn svc_stats<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "service_stats" && e["service"] == name)
+        .collect()
+}
+
+/// The knob's line for `dev` in a v1 throttle file or v2 io.max.
+fn knob_line(cg: &TestCgroup, file_v1: &str, dev: &str) -> Option<String> {
+    let f = if cg.v2 { "io.max" } else { file_v1 };
+    std::fs::read_to_string(cg.dir.join(f))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(&format!("{dev} ")))
+        .map(str::to_string)
+}
+
+#[test]
+fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
+    require_root();
+    require_tool("fio");
+    let scratch = Scratch::new();
+    let db = TestCgroup::new("iso-nn-db");
+    let backup = TestCgroup::new("iso-nn-backup");
+    let rfile = scratch.path("r.dat");
+    let wfile = scratch.path("w.dat");
+    make_file(&rfile, 512 << 20);
+    run_ok(Command::new("fallocate").args(["-l", "4G", wfile.to_str().unwrap()]));
+    let dev = disk_of(&scratch.dir);
+    let slo_ms = 3;
+    let config = write_config(
+        &scratch,
+        &format!(
+            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_ms}ms\"\n\n\
+             [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
+            db.rel_path(),
+            backup.rel_path()
+        ),
+    );
+    let journal = scratch.path("journal");
+    let mut agent = Agent::start(&[
+        "--interval",
+        "1s",
+        "--config",
+        config.to_str().unwrap(),
+        "--journal-dir",
+        journal.to_str().unwrap(),
+    ]);
+    let mut reader = spawn_in(
+        &db,
+        &format!(
+            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync --time_based --runtime=34 --output=/dev/null",
+            rfile.display()
+        ),
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let mut writer = spawn_in(
+        &backup,
+        &format!(
+            "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio --iodepth=32 --time_based --runtime=26 --output=/dev/null",
+            wfile.display()
+        ),
+    );
+    assert!(writer.wait().unwrap().success(), "writer fio failed");
+    assert!(reader.wait().unwrap().success(), "reader fio failed");
+    agent.wait_cycles(1);
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "agent: {stderr}");
+    let events = agent.events();
+
+    // Every knob is back: no limit line for the disk, and the journal is gone.
+    assert_eq!(
+        knob_line(&backup, "blkio.throttle.write_bps_device", &dev),
+        None,
+        "limit left behind"
+    );
+    assert!(
+        !journal.join("journal.json").exists(),
+        "journal left behind"
+    );
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "restore" && e["result"] == "restored"));
+
+    let db_stats = svc_stats(&events, "db");
+    let backup_stats = svc_stats(&events, "backup");
+    let cycle = |e: &Value| e["cycle"].as_u64().unwrap();
+    let writer_cycles: Vec<u64> = backup_stats
+        .iter()
+        .filter(|e| e["write_mbps"].as_f64().unwrap() > 20.0)
+        .map(|e| cycle(e))
+        .collect();
+    let (w_first, w_last) = (writer_cycles[0], *writer_cycles.last().unwrap());
+    let table: Vec<String> = db_stats
+        .iter()
+        .map(|e| {
+            let b = backup_stats.iter().find(|b| cycle(b) == cycle(e));
+            format!(
+                "cycle {} db p999 {:.2} ms (n {}) {:.0} IOPS | backup {:.0} MB/s limit {}",
+                cycle(e),
+                e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                e["samples"],
+                e["iops"].as_f64().unwrap(),
+                b.map_or(0.0, |b| b["write_mbps"].as_f64().unwrap()),
+                b.map_or(Value::Null, |b| b["limit"]["wbps"].clone())
+            )
+        })
+        .collect();
+    println!("{}", table.join("\n"));
+    let violating = |c: u64| {
+        db_stats
+            .iter()
+            .find(|e| cycle(e) == c)
+            .is_some_and(|e| e["state"] == "violating")
+    };
+    // Solo, the reader is well within its SLO (after fio's first cycles).
+    assert!(
+        (3..w_first.saturating_sub(1)).all(|c| !violating(c)),
+        "violating before the writer started"
+    );
+    // Back under the SLO within 3 cycles of the writer starting ...
+    let back = (w_first..=w_first + 3).find(|&c| !violating(c));
+    assert!(
+        back.is_some(),
+        "still violating 3 cycles after the writer started at {w_first}"
+    );
+    // ... and it stays there: a probe that finds the knee may cost one violating cycle
+    // (plus its transition) now and then, never more.
+    let after: Vec<u64> = (w_first + 4..w_last).filter(|&c| violating(c)).collect();
+    let span = (w_last - w_first - 4).max(1);
+    assert!(
+        after.len() as u64 * 10 <= span,
+        "violating in {} of {span} cycles after converging: {after:?}",
+        after.len()
+    );
+    assert!(
+        !after.windows(3).any(|w| w[2] == w[0] + 2),
+        "three violating cycles in a row: {after:?}"
+    );
+    // The writer keeps a real share of the disk.
+    let w_mbps: Vec<f64> = backup_stats
+        .iter()
+        .filter(|e| (w_first + 4..w_last).contains(&cycle(e)))
+        .map(|e| e["write_mbps"].as_f64().unwrap())
+        .collect();
+    let mean = w_mbps.iter().sum::<f64>() / w_mbps.len() as f64;
+    println!("writer kept {mean:.0} MB/s after convergence");
+    assert!(mean >= 50.0, "writer starved: {mean:.0} MB/s");
+    // Decisions carry their numbers.
+    let d = events
+        .iter()
+        .find(|e| e["type"] == "decision" && e["service"] == "backup")
+        .expect("no decision");
+    assert_eq!(d["policy"], "adaptive");
+    assert_eq!(d["cause"]["victim"], "db");
+    assert!(d["cause"]["p999_ns"].as_u64().unwrap() > slo_ms * 1_000_000);
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "violation_start" && e["service"] == "db"));
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "violation_end" && e["service"] == "db"));
+}
+
+/// A reader with a ceiling: the agent writes the read limit on the first cycle with I/O.
+fn ceiling_setup(scratch: &Scratch, cg: &TestCgroup) -> std::path::PathBuf {
+    write_config(
+        scratch,
+        &format!(
+            "[[service]]\nname = \"capped\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nceiling = \"50MB/s\"\n",
+            cg.rel_path()
+        ),
+    )
+}
+
+fn original_rbps(cg: &TestCgroup, dev: &str) -> String {
+    // A non-default original, so that "restored" cannot mean "reset to default".
+    let (file, line) = if cg.v2 {
+        ("io.max", format!("{dev} rbps=987654321"))
+    } else {
+        ("blkio.throttle.read_bps_device", format!("{dev} 987654321"))
+    };
+    std::fs::write(cg.dir.join(file), &line).unwrap();
+    knob_line(cg, "blkio.throttle.read_bps_device", dev).unwrap()
+}
+
+fn read_some(cg: &TestCgroup, file: &Path) {
+    let mut c = spawn_in(
+        cg,
+        &format!(
+            "{} --path {} --op read --bytes 16777216 --bs 65536 --direct",
+            loadgen_bin().display(),
+            file.display()
+        ),
+    );
+    assert!(c.wait().unwrap().success());
+}
+
+fn wait_decision(agent: &Agent) -> Value {
+    agent.wait_for(
+        |e| e["type"] == "decision" && e["knob"] == "rbps",
+        Duration::from_secs(30),
+    )
+}
+
+#[test]
+fn restores_after_sigterm_and_after_sigkill_and_restart() {
+    require_root();
+    let scratch = Scratch::new();
+    let cg = TestCgroup::new("iso-restore");
+    let file = scratch.path("f");
+    make_file(&file, 16 << 20);
+    let dev = disk_of(&scratch.dir);
+    let original = original_rbps(&cg, &dev);
+    let config = ceiling_setup(&scratch, &cg);
+    let journal = scratch.path("journal");
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "--journal-dir",
+        journal.to_str().unwrap(),
+    ];
+
+    // SIGTERM.
+    let mut agent = Agent::start(&args);
+    read_some(&cg, &file);
+    let d = wait_decision(&agent);
+    assert_eq!(d["old"], "987654321");
+    assert_eq!(d["new"], "50000000");
+    assert_ne!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    let (status, _) = agent.stop();
+    assert!(status.success());
+    assert_eq!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    assert!(!journal.join("journal.json").exists());
+
+    // SIGKILL, then a restart restores before anything else.
+    let mut agent = Agent::start(&args);
+    read_some(&cg, &file);
+    wait_decision(&agent);
+    agent.kill();
+    assert_ne!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    assert!(
+        journal.join("journal.json").exists(),
+        "no journal after SIGKILL"
+    );
+    let mut agent = Agent::start(&args);
+    let r = agent.wait_for(
+        |e| e["type"] == "restore" && e["reason"] == "recovery",
+        Duration::from_secs(15),
+    );
+    assert_eq!(r["result"], "restored");
+    assert_eq!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    let (status, _) = agent.stop();
+    assert!(status.success());
+
+    // SIGKILL, then `isolator restore` by hand.
+    let mut agent = Agent::start(&args);
+    read_some(&cg, &file);
+    wait_decision(&agent);
+    agent.kill();
+    let out = run_ok(Command::new(isolator_bin()).args([
+        "restore",
+        "--journal-dir",
+        journal.to_str().unwrap(),
+    ]));
+    assert!(out.contains("restored"), "{out}");
+    assert_eq!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    assert!(!journal.join("journal.json").exists());
+}
+
+#[test]
+fn dry_run_reports_and_writes_nothing() {
+    require_root();
+    let scratch = Scratch::new();
+    let cg = TestCgroup::new("iso-dry");
+    let file = scratch.path("f");
+    make_file(&file, 16 << 20);
+    let dev = disk_of(&scratch.dir);
+    let original = original_rbps(&cg, &dev);
+    let config = ceiling_setup(&scratch, &cg);
+    let journal = scratch.path("journal");
+    let mut agent = Agent::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--journal-dir",
+        journal.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    read_some(&cg, &file);
+    let d = wait_decision(&agent);
+    assert_eq!(d["applied"], false);
+    assert_eq!(d["new"], "50000000");
+    assert_eq!(
+        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
+        original
+    );
+    assert!(!journal.join("journal.json").exists());
+    let (status, _) = agent.stop();
+    assert!(status.success());
+}
+
+#[test]
+fn config_errors_stop_the_agent_with_file_and_line() {
+    require_root();
+    let scratch = Scratch::new();
+    let cg = TestCgroup::new("iso-cfg");
+    let cases = [
+        (
+            format!("[[service]]\nname='a'\ncgroup='{}'\nclass='latency'\np999='-3ms'\n", cg.rel_path()),
+            ":5: p999",
+        ),
+        (
+            "[[service]]\nname='a'\ncgroup='/no-such-cgroup-here'\nclass='best-effort'\n".to_string(),
+            ":3: cgroup glob",
+        ),
+        (
+            format!("[[service]]\nname='a'\ncgroup='{0}'\nclass='best-effort'\n[[service]]\nname='b'\ncgroup='{0}*'\nclass='best-effort'\n", cg.rel_path()),
+            "claimed by service 'a'",
+        ),
+        (
+            format!("[[service]]\nname='a'\ncgroup='{}'\nclass='best-effort'\nspeed=3\n", cg.rel_path()),
+            ":5: unknown field `speed`",
+        ),
+    ];
+    for (body, needle) in cases {
+        let config = write_config(&scratch, &body);
+        let out = Command::new(isolator_bin())
+            .args(["run", "--config", config.to_str().unwrap(), "--journal-dir"])
+            .arg(scratch.path("j"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with a bad config: {body}");
+        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+        assert!(stderr.contains(needle), "{stderr} lacks {needle}");
+        assert!(stderr.contains("isolator.toml"), "{stderr} names no file");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
