@@ -60,6 +60,30 @@ echo "=== io.stat b"
 cat /sys/fs/cgroup/b/io.stat
 echo "=== events"
 cat /tmp/ev.json
+# Enforcement on v2: a ceiling (io.max) and a weight (io.weight), then SIGTERM restores.
+mkdir /sys/fs/cgroup/c
+printf '[[service]]\nname = "c"\ncgroup = "/c"\nclass = "best-effort"\nceiling = "10MB/s"\nweight = 300\n' > /tmp/c.toml
+/isolator run --interval 1s --json /tmp/ev2.json --config /tmp/c.toml --journal-dir /tmp/j 2>/tmp/agent2.err &
+AP=$!
+i=0
+while ! grep -q agent_start /tmp/ev2.json 2>/dev/null; do
+  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
+done
+$L --cgroup /sys/fs/cgroup/c --path /dev/nullb0 --op read --bytes 1073741824 --bs 65536 --direct --seconds 6
+echo "=== io.max during"
+cat /sys/fs/cgroup/c/io.max
+echo "=== io.weight during"
+cat /sys/fs/cgroup/c/io.weight
+kill -TERM $AP
+wait $AP
+echo "=== agent2 rc=$?"
+cat /tmp/agent2.err
+echo "=== io.max after"
+cat /sys/fs/cgroup/c/io.max
+echo "=== io.weight after"
+cat /sys/fs/cgroup/c/io.weight
+echo "=== events2"
+cat /tmp/ev2.json
 echo "=== end"
 poweroff -f
 "#;
@@ -279,6 +303,75 @@ fn run_vm(prefix: &str, release_prefix: &str) {
             assert!(err <= 0.02, "{prefix} {cg} {what}: agent {a} vs kernel {k}");
         }
     }
+    check_enforcement(prefix, &out, &dev);
+}
+
+/// The v2 enforcement phase: io.max and io.weight written, effective, restored.
+fn check_enforcement(prefix: &str, out: &str, dev: &str) {
+    assert!(
+        out.contains("=== agent2 rc=0"),
+        "controlling agent did not exit 0:\n{out}"
+    );
+    let during = section(out, "io.max during");
+    assert!(
+        during.contains(&format!("{dev} rbps=10000000")),
+        "{prefix}: io.max not written: {during}"
+    );
+    let w = section(out, "io.weight during");
+    assert!(
+        w.contains("default 300"),
+        "{prefix}: io.weight not written: {w}"
+    );
+    let after = section(out, "io.max after");
+    assert!(
+        !after.contains("rbps=10000000"),
+        "{prefix}: io.max not restored: {after}"
+    );
+    let w = section(out, "io.weight after");
+    assert!(
+        w.contains("default 100"),
+        "{prefix}: io.weight not restored: {w}"
+    );
+    let events: Vec<Value> = section(out, "events2")
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Effective: once capped, the reader moves at most ~10 MB/s (null_blk does GB/s).
+    let rates: Vec<(u64, f64, bool)> = events
+        .iter()
+        .filter(|e| e["type"] == "service_stats" && e["service"] == "c")
+        .map(|e| {
+            (
+                e["cycle"].as_u64().unwrap(),
+                e["read_mbps"].as_f64().unwrap(),
+                e["limit"]["rbps"].is_u64(),
+            )
+        })
+        .collect();
+    eprintln!("{prefix}: service c (cycle, MB/s, capped): {rates:?}");
+    let first_cap = rates.iter().find(|r| r.2).expect("never capped").0;
+    let capped: Vec<f64> = rates
+        .iter()
+        .filter(|r| r.0 >= first_cap + 2 && r.1 > 0.0)
+        .map(|r| r.1)
+        .collect();
+    assert!(
+        !capped.is_empty(),
+        "{prefix}: no cycle under the cap: {rates:?}"
+    );
+    assert!(
+        capped.iter().all(|&m| m <= 11.0),
+        "{prefix}: io.max not effective: {rates:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["type"] == "restore")
+            .all(|e| e["result"] == "restored"),
+        "{prefix}: restore failed"
+    );
+    assert!(events.iter().filter(|e| e["type"] == "restore").count() >= 2);
 }
 
 #[test]

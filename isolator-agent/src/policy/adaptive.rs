@@ -10,9 +10,9 @@
 //!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law).
-//! - With every SLO met with margin for two full cycles, one capped service is raised:
+//! - With every SLO at or under 70 % of its target for three cycles, one capped service is raised:
 //!   x1.25 while every p99.9 is under half its target, else x1.1, or half-way to the lowest rate known to break an SLO (remembered for
-//!   [`BAD_MEMORY_CYCLES`]); within 5 % of it the cap holds. A raise followed by a
+//!   [`BAD_MEMORY_CYCLES`]); within 10 % of it the cap holds. A raise followed by a
 //!   violation goes straight back to the last good cap. A cap that no longer binds is
 //!   removed.
 
@@ -27,8 +27,8 @@ use crate::config::SloClass;
 /// How long a rate that broke an SLO is remembered before it may be probed again.
 pub const BAD_MEMORY_CYCLES: u64 = 60;
 /// Relax only when every latency service is at most this fraction of its target.
-const RELAX_MARGIN: f64 = 0.8;
-const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
+const RELAX_MARGIN: f64 = 0.7;
+const HEALTHY_CYCLES_TO_RELAX: u32 = 3;
 /// A cap unchanged this long is settled: a violation under it gets a gentle cut.
 const SETTLED_CYCLES: u64 = 4;
 const RAISE_FACTOR: f64 = 1.1;
@@ -206,7 +206,7 @@ impl Adaptive {
         };
         let mut next = (cap as f64 * factor) as u64;
         if let Some((bad, _)) = st.bad {
-            if cap as f64 >= bad as f64 * 0.95 {
+            if cap as f64 >= bad as f64 * 0.9 {
                 return vec![]; // at the knee: hold
             }
             next = next.min(cap + (bad.saturating_sub(cap)) / 2);
