@@ -69,7 +69,7 @@ i=0
 while ! grep -q agent_start /tmp/ev2.json 2>/dev/null; do
   i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
 done
-$L --cgroup /sys/fs/cgroup/c --path /dev/nullb0 --op read --bytes 1073741824 --bs 65536 --direct --seconds 6
+$L --cgroup /sys/fs/cgroup/c --path /dev/nullb0 --op randread --bytes 107374182400 --bs 65536 --direct --seconds 6
 echo "=== io.max during"
 cat /sys/fs/cgroup/c/io.max
 echo "=== io.weight during"
