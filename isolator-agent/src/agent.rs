@@ -16,23 +16,67 @@ use crate::{
     collector::{Collector, Snapshot},
     config::Config,
     control::Controller,
-    enforcer::{Enforcer, Journal, Restored},
+    enforcer::{Enforcer, Journal},
     events::{CgroupRef, DeviceStats, Event, NdjsonSink, Totals},
     metrics::Metrics,
     policy, privileges,
     probe::{self, Probe},
 };
 
+/// `isolator run`'s options.
+#[derive(clap::Args)]
 pub struct RunOptions {
+    /// Cycle length, 1s to 10s (e.g. 1s, 2500ms, 5).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
+    /// Append events to this file instead of stdout.
+    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Kernel BTF to resolve struct offsets from.
+    #[arg(long, value_name = "PATH", default_value = probe::DEFAULT_BTF)]
     pub btf: PathBuf,
-    /// SLO config; without one the agent only observes.
+    /// Services and SLOs (TOML, see docs/config.md); without it the agent only observes.
+    #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Control policy.
+    #[arg(long, default_value = "adaptive", value_parser = clap::builder::PossibleValuesParser::new(policy::POLICY_NAMES))]
     pub policy: String,
+    /// Device utilization above which the `ute` policy throttles (0..1).
+    #[arg(long, default_value_t = 0.75, value_parser = parse_fraction)]
     pub ute_threshold: f64,
+    /// Compute and report every action without writing any limit.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Where the journal of original limit values lives.
+    #[arg(long, value_name = "DIR", default_value = crate::enforcer::DEFAULT_JOURNAL_DIR)]
     pub journal_dir: PathBuf,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a fraction between 0 and 1; use e.g. 0.75"
+        )),
+    }
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = if let Ok(secs) = s.parse::<f64>() {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(format!("'{s}' is not a duration; use e.g. 1s or 2500ms"));
+        }
+        Duration::from_secs_f64(secs)
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|_| format!("'{s}' is not a duration; use e.g. 1s or 2500ms"))?
+    };
+    if d < Duration::from_secs(1) || d > Duration::from_secs(10) {
+        return Err(format!(
+            "{s} is outside the allowed 1s..10s; pick a cycle between 1s and 10s"
+        ));
+    }
+    Ok(d)
 }
 
 /// Names disks by dev_t from /sys/dev/block.
@@ -70,9 +114,9 @@ impl Registry {
         })
     }
 
-    /// Names every id in `active` (the cgroups in this cycle's snapshot). Returns whether
-    /// it had to walk the hierarchy (new or moved cgroups).
-    fn update(&mut self, active: &BTreeSet<u64>) -> bool {
+    /// Names every id in `active` (the cgroups in this cycle's snapshot). Returns the walk
+    /// of the hierarchy (id -> path) if new or moved cgroups made one necessary.
+    fn update(&mut self, active: &BTreeSet<u64>) -> Option<HashMap<u64, String>> {
         self.paths.retain(|id, _| active.contains(id));
         self.gone.retain(|id| active.contains(id));
         let unresolved: Vec<u64> = active
@@ -83,13 +127,13 @@ impl Registry {
             })
             .collect();
         if unresolved.is_empty() {
-            return false;
+            return None;
         }
-        let mut live = self.hierarchy.scan();
+        let live = self.hierarchy.scan();
         for id in unresolved {
-            match live.remove(&id) {
+            match live.get(&id) {
                 Some(p) => {
-                    self.paths.insert(id, p);
+                    self.paths.insert(id, p.clone());
                 }
                 // Its last known path (if any) stays for the events that name it.
                 None => {
@@ -97,7 +141,7 @@ impl Registry {
                 }
             }
         }
-        true
+        Some(live)
     }
 
     fn is_gone(&self, id: u64) -> bool {
@@ -157,14 +201,14 @@ impl Agent {
         let journal = if opts.config.is_some() && !opts.dry_run {
             let mut j = Journal::open(&opts.journal_dir)?;
             for r in j.recover()? {
-                early_events.push(restore_event("recovery", r));
+                early_events.push(Event::restore("recovery", r));
             }
             Some(j)
         } else {
             if opts.journal_dir.join("journal.json").exists() {
                 match Journal::open(&opts.journal_dir).and_then(|mut j| j.recover()) {
                     Ok(rs) => {
-                        early_events.extend(rs.into_iter().map(|r| restore_event("recovery", r)))
+                        early_events.extend(rs.into_iter().map(|r| Event::restore("recovery", r)))
                     }
                     Err(e) => early_events.push(Event::Warning {
                         code: "journal".into(),
@@ -183,7 +227,7 @@ impl Agent {
                 let policy = policy::by_name(&opts.policy, opts.ute_threshold)
                     .with_context(|| format!("unknown policy '{}'", opts.policy))?;
                 let mut c = Controller::new(cfg, policy, Enforcer::new(hierarchy.mode, journal));
-                c.rescan(&hierarchy);
+                c.refresh_targets(&paths);
                 Some(c)
             }
         };
@@ -238,10 +282,14 @@ impl Agent {
             })?;
         }
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
-        let scanned = self.registry.update(&active);
+        let walk = self.registry.update(&active);
         if let Some(c) = self.control.as_mut() {
-            if scanned || snap.cycle % 30 == 0 {
-                c.rescan(&self.registry.hierarchy);
+            // Service globs follow new cgroups: on the registry's walk, or every 30 cycles
+            // for cgroups that have done no I/O yet.
+            let walk =
+                walk.or_else(|| (snap.cycle % 30 == 0).then(|| self.registry.hierarchy.scan()));
+            if let Some(live) = walk {
+                c.refresh_targets(&live.into_values().collect::<Vec<_>>());
             }
         }
         for (key, count) in &snap.inflight_resets {
@@ -289,10 +337,8 @@ impl Agent {
             let registry = &self.registry;
             let cycles = c.device_cycles(&snap, &|id| registry.paths.get(&id).cloned());
             let disks = &mut self.disks;
-            let names: HashMap<u32, Option<String>> =
-                cycles.iter().map(|d| (d.dev, disks.name(d.dev))).collect();
-            let events = c.step(&self.registry.hierarchy, &cycles, &|dev| {
-                names.get(&dev).cloned().flatten()
+            let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
+                disks.name(dev)
             });
             for e in events {
                 self.sink.emit(&e)?;
@@ -417,12 +463,23 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     Ok(())
 }
 
-pub fn restore_event(reason: &str, r: Restored) -> Event {
-    Event::Restore {
-        reason: reason.into(),
-        file: r.file,
-        knob: r.knob,
-        value: r.value,
-        result: r.result,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_bounds() {
+        assert_eq!(parse_interval("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(
+            parse_interval("2500ms").unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(parse_interval("10").unwrap(), Duration::from_secs(10));
+        assert!(parse_interval("500ms").unwrap_err().contains("1s..10s"));
+        assert!(parse_interval("11s").is_err());
+        assert!(parse_interval("-1").is_err());
+        assert!(parse_interval("fast")
+            .unwrap_err()
+            .contains("not a duration"));
     }
 }

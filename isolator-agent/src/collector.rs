@@ -237,7 +237,7 @@ impl Collector {
             // A count on a key with no issue and no completion is repaired: below zero at
             // once (completions of requests issued before attach), above zero once it is
             // older than any request can be (completions the programs did not see).
-            let idle = d.ios == 0 && d.queue_count == 0 && d.bytes == 0;
+            let idle = !d.had_requests();
             if !idle || v.count == 0 {
                 self.idle_since_ns.remove(&d.key);
             } else {

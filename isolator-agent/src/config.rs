@@ -208,46 +208,49 @@ impl Config {
                 )
             })?;
             let target = |f: &Option<Spanned<String>>| f.as_ref().map(|v| v.span());
+            // A class's own target must be set and the other class's must not be.
+            let own_target = |class: &str,
+                              own: &Option<Spanned<String>>,
+                              own_example: &str,
+                              other: &Option<Spanned<String>>,
+                              other_class: &str|
+             -> Result<(String, Range<usize>), ConfigError> {
+                let own_key = if class == "latency" { "p999" } else { "rate" };
+                let other_key = if other_class == "latency" {
+                    "p999"
+                } else {
+                    "rate"
+                };
+                let Some(t) = own else {
+                    return Err(err(
+                        s.class.span(),
+                        format!("service '{name}' is class {class} but has no target; add {own_key} = \"{own_example}\""),
+                    ));
+                };
+                if let Some(span) = target(other) {
+                    return Err(err(
+                        span,
+                        format!("{other_key} belongs to class {other_class}; remove it or change the class"),
+                    ));
+                }
+                Ok((t.get_ref().clone(), t.span()))
+            };
             let class = match s.class.get_ref().as_str() {
                 "latency" => {
-                    let Some(p) = &s.p999 else {
-                        return Err(err(
-                            s.class.span(),
-                            format!("service '{name}' is class latency but has no target; add p999 = \"20ms\""),
-                        ));
-                    };
-                    if let Some(span) = target(&s.rate) {
-                        return Err(err(
-                            span,
-                            "rate belongs to class throughput; remove it or change the class"
-                                .into(),
-                        ));
-                    }
+                    let (p, span) = own_target("latency", &s.p999, "20ms", &s.rate, "throughput")?;
                     SloClass::Latency {
-                        p999_ns: parse_duration_ns(p.get_ref())
-                            .map_err(|m| err(p.span(), format!("p999: {m}")))?,
+                        p999_ns: parse_duration_ns(&p)
+                            .map_err(|m| err(span, format!("p999: {m}")))?,
                     }
                 }
                 "throughput" => {
-                    let Some(r) = &s.rate else {
-                        return Err(err(
-                            s.class.span(),
-                            format!("service '{name}' is class throughput but has no target; add rate = \"150MB/s\""),
-                        ));
-                    };
-                    if let Some(span) = target(&s.p999) {
-                        return Err(err(
-                            span,
-                            "p999 belongs to class latency; remove it or change the class".into(),
-                        ));
-                    }
-                    match parse_rate(r.get_ref())
-                        .map_err(|m| err(r.span(), format!("rate: {m}")))?
-                    {
+                    let (r, span) =
+                        own_target("throughput", &s.rate, "150MB/s", &s.p999, "latency")?;
+                    match parse_rate(&r).map_err(|m| err(span.clone(), format!("rate: {m}")))? {
                         Rate::BytesPerSec(b) => SloClass::Throughput { rate_bps: b },
                         Rate::IosPerSec(_) => {
                             return Err(err(
-                                r.span(),
+                                span,
                                 "rate must be in bytes per second; write e.g. \"150MB/s\"".into(),
                             ))
                         }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use isolator_common::{dev_major, dev_minor, HIST_BUCKETS, OP_READ, OP_WRITE};
+use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE};
 use serde::Serialize;
 
 use crate::{
@@ -12,7 +12,7 @@ use crate::{
     config::{Config, SloClass},
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
-    metrics::percentile,
+    metrics::{percentile, HistSum},
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId, ServiceLoad},
 };
 
@@ -63,14 +63,6 @@ impl Membership {
                 Some(i) => p.truncate(i),
             }
         }
-    }
-
-    fn refresh_targets(&mut self, cfg: &Config, all_paths: &[String]) {
-        self.targets = cfg
-            .services
-            .iter()
-            .map(|s| all_paths.iter().filter(|p| s.matches(p)).cloned().collect())
-            .collect();
     }
 }
 
@@ -139,26 +131,37 @@ impl Controller {
         self.policy.name()
     }
 
-    /// Re-reads which cgroups each glob matches (at start and when new cgroups appear).
-    pub fn rescan(&mut self, hierarchy: &IoHierarchy) {
-        let paths: Vec<String> = hierarchy.scan().into_values().collect();
-        self.membership.refresh_targets(&self.config, &paths);
+    /// Which cgroups each glob matches, from a walk of the hierarchy (at start and when
+    /// new cgroups appear).
+    pub fn refresh_targets(&mut self, all_paths: &[String]) {
+        self.membership.targets = self
+            .config
+            .services
+            .iter()
+            .map(|s| all_paths.iter().filter(|p| s.matches(p)).cloned().collect())
+            .collect();
         self.membership.of_cgroup.clear();
     }
 
     /// Writes configured weights once, at start.
     pub fn apply_weights(&mut self, hierarchy: &IoHierarchy, cycle: u64) -> Vec<Event> {
+        let Controller {
+            config,
+            membership,
+            enforcer,
+            ..
+        } = self;
         let mut out = vec![];
-        for (id, s) in self.config.services.clone().iter().enumerate() {
+        for (s, targets) in config.services.iter().zip(&membership.targets) {
             let Some(w) = s.weight else { continue };
-            for cg in self.membership.targets[id].clone() {
-                let dir = hierarchy.dir_of(&cg);
-                let w = if self.enforcer.mode == crate::cgroupfs::CgroupMode::V1 {
+            for cg in targets {
+                let dir = hierarchy.dir_of(cg);
+                let w = if enforcer.mode == crate::cgroupfs::CgroupMode::V1 {
                     w.min(1000)
                 } else {
                     w
                 };
-                out.push(match self.enforcer.apply(&dir, Setting::Weight(w)) {
+                out.push(match enforcer.apply(&dir, Setting::Weight(w)) {
                     Ok(c) => Event::Decision {
                         cycle,
                         policy: "config".into(),
@@ -168,7 +171,7 @@ impl Controller {
                         knob: "weight".into(),
                         old: c.old,
                         new: c.new,
-                        applied: !self.enforcer.dry_run,
+                        applied: !enforcer.dry_run,
                         reason: "configured weight".into(),
                         cause: None,
                     },
@@ -208,7 +211,7 @@ impl Controller {
             total_count: u64,
             total_sum: u64,
             peak: u64,
-            hist: Vec<u64>,
+            hist: HistSum,
         }
         let secs = snap.interval_ns as f64 / 1e9;
         let mut acc: BTreeMap<(u32, ServiceId), Acc> = BTreeMap::new();
@@ -220,10 +223,7 @@ impl Controller {
             if !d.had_requests() && !self.state.contains_key(&(sid, d.key.dev)) {
                 continue;
             }
-            let a = acc.entry((d.key.dev, sid)).or_insert_with(|| Acc {
-                hist: vec![0; HIST_BUCKETS],
-                ..Default::default()
-            });
+            let a = acc.entry((d.key.dev, sid)).or_default();
             match d.key.op {
                 OP_READ => {
                     a.rbytes += d.bytes;
@@ -242,33 +242,21 @@ impl Controller {
             a.peak += d.inflight_peak;
             // The SLO is on what the submitter waits: queueing plus device time. Keys
             // without start times (no queue timestamps) fall back to device latency.
-            let h = if d.total_count > 0 {
+            a.hist.add(if d.total_count > 0 {
                 &d.total_hist
             } else {
                 &d.lat_hist
-            };
-            for &(i, n) in h {
-                a.hist[i as usize] += n;
-            }
+            });
         }
         // Services with a limit but no I/O this cycle still get a say (to be relaxed).
         for &(sid, dev) in self.state.keys() {
-            acc.entry((dev, sid)).or_insert_with(|| Acc {
-                hist: vec![0; HIST_BUCKETS],
-                ..Default::default()
-            });
+            acc.entry((dev, sid)).or_default();
         }
         let mut by_dev: BTreeMap<u32, Vec<ServiceLoad>> = BTreeMap::new();
         for ((dev, sid), a) in acc {
             let spec = &self.config.services[sid];
-            let sparse: Vec<(u16, u64)> = a
-                .hist
-                .iter()
-                .enumerate()
-                .filter(|(_, &n)| n > 0)
-                .map(|(i, &n)| (i as u16, n))
-                .collect();
-            let samples: u64 = sparse.iter().map(|(_, n)| n).sum();
+            let sparse = a.hist.sparse();
+            let samples = a.hist.samples();
             let st = self.state.get(&(sid, dev)).cloned().unwrap_or_default();
             by_dev.entry(dev).or_default().push(ServiceLoad {
                 id: sid,
@@ -312,7 +300,7 @@ impl Controller {
         &mut self,
         hierarchy: &IoHierarchy,
         cycles: &[DeviceCycle],
-        disk_name: &dyn Fn(u32) -> Option<String>,
+        disk_name: &mut dyn FnMut(u32) -> Option<String>,
     ) -> Vec<Event> {
         let mut events = vec![];
         for d in cycles {
@@ -338,11 +326,9 @@ impl Controller {
                         Event::ViolationEnd(ev)
                     });
                 }
-                if st.limit.is_unlimited() && !s.violating() && s.samples == 0 && s.bps() == 0.0 {
-                    // Nothing to remember for an idle, unlimited service.
-                    if st.changed_cycle.is_none() {
-                        self.state.remove(&(s.id, d.dev));
-                    }
+                // Nothing to remember for an idle service the agent never limited.
+                if st.changed_cycle.is_none() && s.samples == 0 && s.bps() == 0.0 {
+                    self.state.remove(&(s.id, d.dev));
                 }
             }
             let mut decisions = crate::policy::ceilings(d);
@@ -487,13 +473,7 @@ impl Controller {
         self.enforcer
             .restore_all()
             .into_iter()
-            .map(|r| Event::Restore {
-                reason: reason.into(),
-                file: r.file,
-                knob: r.knob,
-                value: r.value,
-                result: r.result,
-            })
+            .map(|r| Event::restore(reason, r))
             .collect()
     }
 }

@@ -4,7 +4,6 @@
 //! `isolator restore`.
 
 use std::{
-    collections::BTreeMap,
     fs::{File, OpenOptions},
     io::Write,
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
@@ -458,10 +457,10 @@ impl Enforcer {
         if self.dry_run {
             return Ok(change);
         }
+        let restore = self.line_for(s, &io.current);
+        let line = self.line_for(s, &new);
         let journal = self.journal.as_mut().expect("journal outside dry-run");
         if !journal.contains(&io.file, &io.name) {
-            let restore = self.line_for(s, &io.current);
-            let journal = self.journal.as_mut().expect("journal outside dry-run");
             journal.record(JournalEntry {
                 file: io.file.clone(),
                 knob: io.name.clone(),
@@ -469,7 +468,7 @@ impl Enforcer {
                 restore,
             })?;
         }
-        write_line(&io.file, &self.line_for(s, &new))?;
+        write_line(&io.file, &line)?;
         Ok(change)
     }
 
@@ -479,17 +478,6 @@ impl Enforcer {
             .as_mut()
             .map(|j| j.restore_all())
             .unwrap_or_default()
-    }
-
-    /// Touched knobs grouped by file, for reports.
-    pub fn touched(&self) -> BTreeMap<String, Vec<String>> {
-        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for e in self.journal.iter().flat_map(|j| j.entries()) {
-            m.entry(e.file.display().to_string())
-                .or_default()
-                .push(e.knob.clone());
-        }
-        m
     }
 }
 

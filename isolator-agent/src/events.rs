@@ -158,6 +158,19 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// A knob put back, from the enforcer's report.
+    pub fn restore(reason: &str, r: crate::enforcer::Restored) -> Event {
+        Event::Restore {
+            reason: reason.into(),
+            file: r.file,
+            knob: r.knob,
+            value: r.value,
+            result: r.result,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Envelope<'a> {
     schema: u32,

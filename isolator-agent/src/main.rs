@@ -1,10 +1,9 @@
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use isolator::{
     agent, check,
     enforcer::{Journal, DEFAULT_JOURNAL_DIR},
-    policy::POLICY_NAMES,
     probe::DEFAULT_BTF,
 };
 
@@ -12,7 +11,7 @@ use isolator::{
 #[command(
     name = "isolator",
     version,
-    about = "Per-cgroup block I/O latency and throughput, measured with eBPF"
+    about = "Per-cgroup block I/O latency and throughput, measured with eBPF and kept within SLOs"
 )]
 struct Cli {
     /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
@@ -24,33 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent: one NDJSON record per active cgroup per cycle.
-    Run {
-        /// Cycle length, 1s to 10s (e.g. 1s, 2500ms, 5).
-        #[arg(long, default_value = "1s", value_parser = parse_interval)]
-        interval: Duration,
-        /// Append events to this file instead of stdout.
-        #[arg(long, value_name = "PATH")]
-        json: Option<PathBuf>,
-        /// Kernel BTF to resolve struct offsets from.
-        #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
-        btf: PathBuf,
-        /// Services and SLOs (TOML, see docs/config.md); without it the agent only observes.
-        #[arg(long, value_name = "PATH")]
-        config: Option<PathBuf>,
-        /// Control policy.
-        #[arg(long, default_value = "adaptive", value_parser = clap::builder::PossibleValuesParser::new(POLICY_NAMES))]
-        policy: String,
-        /// Device utilization above which the `ute` policy throttles (0..1).
-        #[arg(long, default_value_t = 0.75, value_parser = parse_fraction)]
-        ute_threshold: f64,
-        /// Compute and report every action without writing any limit.
-        #[arg(long)]
-        dry_run: bool,
-        /// Where the journal of original limit values lives.
-        #[arg(long, value_name = "DIR", default_value = DEFAULT_JOURNAL_DIR)]
-        journal_dir: PathBuf,
-    },
+    /// Run the agent: one NDJSON record per active cgroup per cycle; with --config it also
+    /// keeps the configured services within their SLOs.
+    Run(agent::RunOptions),
     /// Put back every limit a previous agent wrote (from its journal).
     Restore {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_JOURNAL_DIR)]
@@ -61,33 +36,6 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
         btf: PathBuf,
     },
-}
-
-fn parse_fraction(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
-        _ => Err(format!(
-            "'{s}' is not a fraction between 0 and 1; use e.g. 0.75"
-        )),
-    }
-}
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = if let Ok(secs) = s.parse::<f64>() {
-        if !secs.is_finite() || secs < 0.0 {
-            return Err(format!("'{s}' is not a duration; use e.g. 1s or 2500ms"));
-        }
-        Duration::from_secs_f64(secs)
-    } else {
-        humantime::parse_duration(s)
-            .map_err(|_| format!("'{s}' is not a duration; use e.g. 1s or 2500ms"))?
-    };
-    if d < Duration::from_secs(1) || d > Duration::from_secs(10) {
-        return Err(format!(
-            "{s} is outside the allowed 1s..10s; pick a cycle between 1s and 10s"
-        ));
-    }
-    Ok(d)
 }
 
 /// clap's errors span several lines; the operator gets one: the cause and the fix.
@@ -130,31 +78,11 @@ fn main() -> ExitCode {
         .init();
 
     let result = match cli.command {
-        Command::Run {
-            interval,
-            json,
-            btf,
-            config,
-            policy,
-            ute_threshold,
-            dry_run,
-            journal_dir,
-        } => tokio::runtime::Builder::new_current_thread()
+        Command::Run(opts) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| {
-                rt.block_on(agent::run(agent::RunOptions {
-                    interval,
-                    json,
-                    btf,
-                    config,
-                    policy,
-                    ute_threshold,
-                    dry_run,
-                    journal_dir,
-                }))
-            }),
+            .and_then(|rt| rt.block_on(agent::run(opts))),
         Command::Restore { journal_dir } => restore(&journal_dir),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);
@@ -195,25 +123,4 @@ fn restore(dir: &std::path::Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn interval_bounds() {
-        assert_eq!(parse_interval("1s").unwrap(), Duration::from_secs(1));
-        assert_eq!(
-            parse_interval("2500ms").unwrap(),
-            Duration::from_millis(2500)
-        );
-        assert_eq!(parse_interval("10").unwrap(), Duration::from_secs(10));
-        assert!(parse_interval("500ms").unwrap_err().contains("1s..10s"));
-        assert!(parse_interval("11s").is_err());
-        assert!(parse_interval("-1").is_err());
-        assert!(parse_interval("fast")
-            .unwrap_err()
-            .contains("not a duration"));
-    }
 }

@@ -67,9 +67,33 @@ fn summarize(merged: &[(u16, u64)], window_ns: u64, window_cycles: usize) -> Lat
     }
 }
 
-fn merge_into(acc: &mut [u64], h: &SparseHist) {
-    for &(i, n) in h {
-        acc[i as usize] += n;
+/// A bucket-by-bucket sum of sparse histograms.
+#[derive(Debug, Default)]
+pub struct HistSum {
+    buckets: Vec<u64>,
+    samples: u64,
+}
+
+impl HistSum {
+    pub fn add(&mut self, h: &SparseHist) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; isolator_common::HIST_BUCKETS];
+        }
+        for &(i, n) in h {
+            self.buckets[i as usize] += n;
+            self.samples += n;
+        }
+    }
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+    pub fn sparse(&self) -> SparseHist {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| (i as u16, n))
+            .collect()
     }
 }
 
@@ -90,29 +114,21 @@ impl HistWindow {
     /// Summary over the newest cycles: just the last one if it has enough samples for a
     /// p99.9, otherwise widened backwards up to the window limits.
     pub fn summary(&self) -> LatencySummary {
-        let mut acc = vec![0u64; isolator_common::HIST_BUCKETS];
-        let mut samples = 0;
+        let mut acc = HistSum::default();
         let mut window_ns = 0;
         let mut cycles = 0;
         for (interval, h) in self.cycles.iter().rev() {
             if cycles > 0 && window_ns + interval > MAX_WINDOW_NS {
                 break;
             }
-            merge_into(&mut acc, h);
-            samples += h.iter().map(|(_, n)| n).sum::<u64>();
+            acc.add(h);
             window_ns += interval;
             cycles += 1;
-            if samples >= P999_MIN_SAMPLES {
+            if acc.samples() >= P999_MIN_SAMPLES {
                 break;
             }
         }
-        let merged: Vec<(u16, u64)> = acc
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(i, &n)| (i as u16, n))
-            .collect();
-        summarize(&merged, window_ns, cycles)
+        summarize(&acc.sparse(), window_ns, cycles)
     }
 }
 

@@ -2,7 +2,6 @@
 //! restoring every knob after SIGTERM, after SIGKILL + restart and by `isolator restore`.
 
 use std::{
-    path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -193,154 +192,147 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
         .any(|e| e["type"] == "violation_end" && e["service"] == "db"));
 }
 
-/// A reader with a ceiling: the agent writes the read limit on the first cycle with I/O.
-fn ceiling_setup(scratch: &Scratch, cg: &TestCgroup) -> std::path::PathBuf {
-    write_config(
-        scratch,
-        &format!(
-            "[[service]]\nname = \"capped\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nceiling = \"50MB/s\"\n",
-            cg.rel_path()
-        ),
-    )
+/// A cgroup whose read limit has a non-default original (so that "restored" cannot mean
+/// "reset to default"), and a config giving it a 50 MB/s ceiling: the agent writes the
+/// read limit on the first cycle with I/O.
+struct CeilingCase {
+    scratch: Scratch,
+    cg: TestCgroup,
+    file: std::path::PathBuf,
+    dev: String,
+    original: String,
+    args: Vec<String>,
 }
 
-fn original_rbps(cg: &TestCgroup, dev: &str) -> String {
-    // A non-default original, so that "restored" cannot mean "reset to default".
-    let (file, line) = if cg.v2 {
-        ("io.max", format!("{dev} rbps=987654321"))
-    } else {
-        ("blkio.throttle.read_bps_device", format!("{dev} 987654321"))
-    };
-    std::fs::write(cg.dir.join(file), &line).unwrap();
-    knob_line(cg, "blkio.throttle.read_bps_device", dev).unwrap()
-}
+impl CeilingCase {
+    fn new(prefix: &str) -> Self {
+        let scratch = Scratch::new();
+        let cg = TestCgroup::new(prefix);
+        let file = scratch.path("f");
+        make_file(&file, 16 << 20);
+        let dev = disk_of(&scratch.dir);
+        let (knob_file, line) = if cg.v2 {
+            ("io.max", format!("{dev} rbps=987654321"))
+        } else {
+            ("blkio.throttle.read_bps_device", format!("{dev} 987654321"))
+        };
+        std::fs::write(cg.dir.join(knob_file), &line).unwrap();
+        let original = knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap();
+        let config = write_config(
+            &scratch,
+            &format!(
+                "[[service]]\nname = \"capped\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nceiling = \"50MB/s\"\n",
+                cg.rel_path()
+            ),
+        );
+        let args = vec![
+            "--config".to_string(),
+            config.display().to_string(),
+            "--journal-dir".to_string(),
+            scratch.path("journal").display().to_string(),
+        ];
+        CeilingCase {
+            scratch,
+            cg,
+            file,
+            dev,
+            original,
+            args,
+        }
+    }
 
-fn read_some(cg: &TestCgroup, file: &Path) {
-    let mut c = spawn_in(
-        cg,
-        &format!(
-            "{} --path {} --op read --bytes 16777216 --bs 65536 --direct",
-            loadgen_bin().display(),
-            file.display()
-        ),
-    );
-    assert!(c.wait().unwrap().success());
-}
+    fn start_agent(&self, extra: &[&str]) -> Agent {
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        Agent::start(&args)
+    }
 
-fn wait_decision(agent: &Agent) -> Value {
-    agent.wait_for(
-        |e| e["type"] == "decision" && e["knob"] == "rbps",
-        Duration::from_secs(30),
-    )
+    fn journal_file(&self) -> std::path::PathBuf {
+        self.scratch.path("journal").join("journal.json")
+    }
+
+    fn rbps_line(&self) -> String {
+        knob_line(&self.cg, "blkio.throttle.read_bps_device", &self.dev).unwrap()
+    }
+
+    fn read_some(&self) {
+        let mut c = spawn_in(
+            &self.cg,
+            &format!(
+                "{} --path {} --op read --bytes 16777216 --bs 65536 --direct",
+                loadgen_bin().display(),
+                self.file.display()
+            ),
+        );
+        assert!(c.wait().unwrap().success());
+    }
+
+    /// Reads through the service and waits for the ceiling decision.
+    fn read_until_capped(&self, agent: &Agent) -> Value {
+        self.read_some();
+        agent.wait_for(
+            |e| e["type"] == "decision" && e["knob"] == "rbps",
+            Duration::from_secs(30),
+        )
+    }
 }
 
 #[test]
 fn restores_after_sigterm_and_after_sigkill_and_restart() {
     require_root();
-    let scratch = Scratch::new();
-    let cg = TestCgroup::new("iso-restore");
-    let file = scratch.path("f");
-    make_file(&file, 16 << 20);
-    let dev = disk_of(&scratch.dir);
-    let original = original_rbps(&cg, &dev);
-    let config = ceiling_setup(&scratch, &cg);
-    let journal = scratch.path("journal");
-    let args = [
-        "--config",
-        config.to_str().unwrap(),
-        "--journal-dir",
-        journal.to_str().unwrap(),
-    ];
+    let case = CeilingCase::new("iso-restore");
 
     // SIGTERM.
-    let mut agent = Agent::start(&args);
-    read_some(&cg, &file);
-    let d = wait_decision(&agent);
+    let mut agent = case.start_agent(&[]);
+    let d = case.read_until_capped(&agent);
     assert_eq!(d["old"], "987654321");
     assert_eq!(d["new"], "50000000");
-    assert_ne!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
-    );
+    assert_ne!(case.rbps_line(), case.original);
     let (status, _) = agent.stop();
     assert!(status.success());
-    assert_eq!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
-    );
-    assert!(!journal.join("journal.json").exists());
+    assert_eq!(case.rbps_line(), case.original);
+    assert!(!case.journal_file().exists());
 
     // SIGKILL, then a restart restores before anything else.
-    let mut agent = Agent::start(&args);
-    read_some(&cg, &file);
-    wait_decision(&agent);
+    let mut agent = case.start_agent(&[]);
+    case.read_until_capped(&agent);
     agent.kill();
-    assert_ne!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
-    );
-    assert!(
-        journal.join("journal.json").exists(),
-        "no journal after SIGKILL"
-    );
-    let mut agent = Agent::start(&args);
+    assert_ne!(case.rbps_line(), case.original);
+    assert!(case.journal_file().exists(), "no journal after SIGKILL");
+    let mut agent = case.start_agent(&[]);
     let r = agent.wait_for(
         |e| e["type"] == "restore" && e["reason"] == "recovery",
         Duration::from_secs(15),
     );
     assert_eq!(r["result"], "restored");
-    assert_eq!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
-    );
+    assert_eq!(case.rbps_line(), case.original);
     let (status, _) = agent.stop();
     assert!(status.success());
 
     // SIGKILL, then `isolator restore` by hand.
-    let mut agent = Agent::start(&args);
-    read_some(&cg, &file);
-    wait_decision(&agent);
+    let mut agent = case.start_agent(&[]);
+    case.read_until_capped(&agent);
     agent.kill();
-    let out = run_ok(Command::new(isolator_bin()).args([
-        "restore",
-        "--journal-dir",
-        journal.to_str().unwrap(),
-    ]));
-    assert!(out.contains("restored"), "{out}");
-    assert_eq!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
+    let out = run_ok(
+        Command::new(isolator_bin())
+            .args(["restore", "--journal-dir"])
+            .arg(case.scratch.path("journal")),
     );
-    assert!(!journal.join("journal.json").exists());
+    assert!(out.contains("restored"), "{out}");
+    assert_eq!(case.rbps_line(), case.original);
+    assert!(!case.journal_file().exists());
 }
 
 #[test]
 fn dry_run_reports_and_writes_nothing() {
     require_root();
-    let scratch = Scratch::new();
-    let cg = TestCgroup::new("iso-dry");
-    let file = scratch.path("f");
-    make_file(&file, 16 << 20);
-    let dev = disk_of(&scratch.dir);
-    let original = original_rbps(&cg, &dev);
-    let config = ceiling_setup(&scratch, &cg);
-    let journal = scratch.path("journal");
-    let mut agent = Agent::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--journal-dir",
-        journal.to_str().unwrap(),
-        "--dry-run",
-    ]);
-    read_some(&cg, &file);
-    let d = wait_decision(&agent);
+    let case = CeilingCase::new("iso-dry");
+    let mut agent = case.start_agent(&["--dry-run"]);
+    let d = case.read_until_capped(&agent);
     assert_eq!(d["applied"], false);
     assert_eq!(d["new"], "50000000");
-    assert_eq!(
-        knob_line(&cg, "blkio.throttle.read_bps_device", &dev).unwrap(),
-        original
-    );
-    assert!(!journal.join("journal.json").exists());
+    assert_eq!(case.rbps_line(), case.original);
+    assert!(!case.journal_file().exists());
     let (status, _) = agent.stop();
     assert!(status.success());
 }

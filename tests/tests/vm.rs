@@ -23,6 +23,13 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 mount -t cgroup2 none /sys/fs/cgroup
+# Waits (at most 120 s) until the agent writing events to $1 has started.
+wait_started() {
+  i=0
+  while ! grep -q agent_start "$1" 2>/dev/null; do
+    i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
+  done
+}
 insmod /lib/configfs.ko
 insmod /lib/null_blk.ko nr_devices=1 gb=1 bs=4096
 echo +io > /sys/fs/cgroup/cgroup.subtree_control
@@ -33,10 +40,7 @@ echo "=== nullb0 $(cat /sys/block/nullb0/dev)"
 echo "=== check rc=$?"
 /isolator run --interval 1s --json /tmp/ev.json 2>/tmp/agent.err &
 AP=$!
-i=0
-while ! grep -q agent_start /tmp/ev.json 2>/dev/null; do
-  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
-done
+wait_started /tmp/ev.json
 L=/loadgen
 $L --cgroup /sys/fs/cgroup/a --path /dev/nullb0 --op write --bytes 33554432 --bs 65536 --direct --threads 2 &
 P1=$!
@@ -65,10 +69,7 @@ mkdir /sys/fs/cgroup/c
 printf '[[service]]\nname = "c"\ncgroup = "/c"\nclass = "best-effort"\nceiling = "10MB/s"\nweight = 300\n' > /tmp/c.toml
 /isolator run --interval 1s --json /tmp/ev2.json --config /tmp/c.toml --journal-dir /tmp/j 2>/tmp/agent2.err &
 AP=$!
-i=0
-while ! grep -q agent_start /tmp/ev2.json 2>/dev/null; do
-  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
-done
+wait_started /tmp/ev2.json
 $L --cgroup /sys/fs/cgroup/c --path /dev/nullb0 --op randread --bytes 107374182400 --bs 65536 --direct --seconds 6
 echo "=== io.max during"
 cat /sys/fs/cgroup/c/io.max

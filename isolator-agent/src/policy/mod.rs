@@ -161,28 +161,26 @@ impl ServiceLoad {
         let l = self.judged_p999()? as f64;
         Some(self.vio()? / (l / slo) * self.bps())
     }
-    pub fn floor_bps(&self) -> u64 {
-        let avg_io = if self.iops() > 0.0 {
+    /// Mean request size this cycle (4 KiB when idle), to convert floors between units.
+    fn avg_io_bytes(&self) -> f64 {
+        if self.iops() > 0.0 {
             self.bps() / self.iops()
         } else {
             4096.0
-        };
+        }
+    }
+    pub fn floor_bps(&self) -> u64 {
         match self.floor {
             Some(Rate::BytesPerSec(b)) => b,
-            Some(Rate::IosPerSec(n)) => (n as f64 * avg_io) as u64,
+            Some(Rate::IosPerSec(n)) => (n as f64 * self.avg_io_bytes()) as u64,
             None => 0,
         }
         .max(MIN_CAP_BPS)
     }
     pub fn floor_iops(&self) -> u64 {
-        let avg_io = if self.iops() > 0.0 {
-            self.bps() / self.iops()
-        } else {
-            4096.0
-        };
         match self.floor {
             Some(Rate::IosPerSec(n)) => n,
-            Some(Rate::BytesPerSec(b)) => (b as f64 / avg_io.max(512.0)) as u64,
+            Some(Rate::BytesPerSec(b)) => (b as f64 / self.avg_io_bytes().max(512.0)) as u64,
             None => 0,
         }
         .max(MIN_CAP_IOPS)
@@ -289,6 +287,37 @@ pub fn by_name(name: &str, ute_threshold: f64) -> Option<Box<dyn Policy>> {
     })
 }
 
+/// One decision per knob whose value changes.
+fn changes(
+    s: &ServiceLoad,
+    dev: u32,
+    values: impl IntoIterator<Item = (Knob, Option<u64>)>,
+    reason: String,
+    cause: Cause,
+) -> Vec<Decision> {
+    values
+        .into_iter()
+        .filter(|&(knob, to)| s.limit.get(knob) != to)
+        .map(|(knob, to)| Decision {
+            service: s.id,
+            dev,
+            knob,
+            to,
+            reason: reason.clone(),
+            cause: cause.clone(),
+        })
+        .collect()
+}
+
+/// Fraction of a service's traffic in one direction (0 when idle).
+fn fraction(part: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        part / total
+    } else {
+        0.0
+    }
+}
+
 /// Decisions that cap a service's total bandwidth at `cap_bps`, split over read and
 /// write by what it did this cycle (a direction it did not use stays as it is).
 pub(crate) fn cap_bandwidth(
@@ -298,42 +327,24 @@ pub(crate) fn cap_bandwidth(
     reason: String,
     cause: Cause,
 ) -> Vec<Decision> {
-    let total = s.bps();
-    let mut out = vec![];
-    for (knob, part) in [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)] {
-        let frac = if total > 0.0 { part / total } else { 0.0 };
-        if frac < 0.05 && s.limit.get(knob).is_none() {
-            continue;
-        }
-        let v = ((cap_bps as f64 * frac.max(0.05)) as u64).max(MIN_CAP_BPS);
-        if s.limit.get(knob) != Some(v) {
-            out.push(Decision {
-                service: s.id,
-                dev,
+    let values = [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)]
+        .into_iter()
+        .filter_map(|(knob, part)| {
+            let frac = fraction(part, s.bps());
+            if frac < 0.05 && s.limit.get(knob).is_none() {
+                return None;
+            }
+            Some((
                 knob,
-                to: Some(v),
-                reason: reason.clone(),
-                cause: cause.clone(),
-            });
-        }
-    }
-    out
+                Some(((cap_bps as f64 * frac.max(0.05)) as u64).max(MIN_CAP_BPS)),
+            ))
+        });
+    changes(s, dev, values, reason, cause)
 }
 
 /// Decisions that remove every limit of a service we set.
 pub(crate) fn uncap(s: &ServiceLoad, dev: u32, reason: String, cause: Cause) -> Vec<Decision> {
-    Knob::ALL
-        .iter()
-        .filter(|&&k| s.limit.get(k).is_some())
-        .map(|&knob| Decision {
-            service: s.id,
-            dev,
-            knob,
-            to: None,
-            reason: reason.clone(),
-            cause: cause.clone(),
-        })
-        .collect()
+    changes(s, dev, Knob::ALL.map(|k| (k, None)), reason, cause)
 }
 
 /// PINE eq. (2)-(3): the next concurrency level of a latency service over its SLO.
@@ -359,26 +370,13 @@ pub(crate) fn cap_concurrency(
     };
     let total_iops = p / (lat / 1e9);
     cause.concurrency = Some(p);
-    let iops = s.iops();
-    let mut out = vec![];
-    for (knob, part) in [(Knob::Riops, s.read_iops), (Knob::Wiops, s.write_iops)] {
-        let frac = if iops > 0.0 { part / iops } else { 0.0 };
-        if frac < 0.05 {
-            continue;
-        }
-        let v = ((total_iops * frac) as u64).max(s.floor_iops());
-        if s.limit.get(knob) != Some(v) {
-            out.push(Decision {
-                service: s.id,
-                dev,
-                knob,
-                to: Some(v),
-                reason: reason.clone(),
-                cause: cause.clone(),
-            });
-        }
-    }
-    out
+    let values = [(Knob::Riops, s.read_iops), (Knob::Wiops, s.write_iops)]
+        .into_iter()
+        .filter_map(|(knob, part)| {
+            let frac = fraction(part, s.iops());
+            (frac >= 0.05).then(|| (knob, Some(((total_iops * frac) as u64).max(s.floor_iops()))))
+        });
+    changes(s, dev, values, reason, cause)
 }
 
 pub(crate) fn base_cause(d: &DeviceCycle, s: &ServiceLoad) -> Cause {

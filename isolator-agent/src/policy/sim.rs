@@ -122,11 +122,11 @@ impl SimDisk {
         let mut loads = vec![];
         for (i, s) in self.services.iter().enumerate() {
             let running = self.cycle >= s.start;
-            let transition = s.changed == Some(self.cycle.wrapping_sub(1))
-                || self
-                    .services
-                    .iter()
-                    .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
+            // Any change last cycle makes this one a transition for everyone.
+            let transition = self
+                .services
+                .iter()
+                .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
             let others = |r: &[f64]| -> f64 {
                 r.iter()
                     .enumerate()
