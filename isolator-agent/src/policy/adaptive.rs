@@ -33,6 +33,8 @@ const HEALTHY_CYCLES_TO_RELAX: u32 = 3;
 const SETTLED_CYCLES: u64 = 4;
 const RAISE_FACTOR: f64 = 1.1;
 const FAST_RAISE_FACTOR: f64 = 1.25;
+/// Raises stop at this fraction of the lowest rate known to break an SLO.
+const KNEE_HOLD: f64 = 0.9;
 
 #[derive(Debug, Default, Clone)]
 struct CapState {
@@ -206,10 +208,13 @@ impl Adaptive {
         };
         let mut next = (cap as f64 * factor) as u64;
         if let Some((bad, _)) = st.bad {
-            if cap as f64 >= bad as f64 * 0.9 {
+            // Half-way to the knee, and never into the last 10 % below it: a probe that
+            // close costs a violating cycle for little bandwidth.
+            let knee_margin = (bad as f64 * KNEE_HOLD) as u64;
+            next = next.min(cap + bad.saturating_sub(cap) / 2).min(knee_margin);
+            if next <= cap {
                 return vec![]; // at the knee: hold
             }
-            next = next.min(cap + (bad.saturating_sub(cap)) / 2);
         }
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
