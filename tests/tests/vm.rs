@@ -226,6 +226,35 @@ fn section<'a>(out: &'a str, name: &str) -> &'a str {
     &body[..end]
 }
 
+/// The NDJSON the guest printed on its serial console. A record broken by console output
+/// (a kernel message in the middle of a line) fails here rather than being skipped, since a
+/// skipped record would read as bytes the agent missed.
+fn parse_events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| l.contains("\"schema\""))
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("event record garbled on the console: {e}: {l}"))
+        })
+        .collect()
+}
+
+/// Each cgroup's read and write bytes on `dev` per cycle, for a failure message.
+fn bytes_by_cycle(events: &[Value], dev: &str) -> String {
+    let mut out = String::new();
+    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
+        for d in e["devices"].as_array().into_iter().flatten() {
+            if d["dev"] == dev {
+                out += &format!(
+                    "\n  cycle {} {}: read {} write {}",
+                    e["cycle"], e["cgroup"]["path"], d["read"]["bytes"], d["write"]["bytes"]
+                );
+            }
+        }
+    }
+    out
+}
+
 fn agent_bytes_by_path(events: &[Value], path: &str, dev: &str) -> (u64, u64) {
     let id = events
         .iter()
@@ -262,11 +291,7 @@ fn run_vm(prefix: &str, release_prefix: &str) {
         .expect("nullb0 dev")
         .trim()
         .to_string();
-    let events: Vec<Value> = section(&out, "events")
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event {l}: {e}")))
-        .collect();
+    let events = parse_events(section(&out, "events"));
     let start = events
         .iter()
         .find(|e| e["type"] == "agent_start")
@@ -301,7 +326,12 @@ fn run_vm(prefix: &str, release_prefix: &str) {
                 "{cg} {what}: kernel counted {k} of {min} bytes: the load did not run"
             );
             let err = (a as f64 - k as f64).abs() / k as f64;
-            assert!(err <= 0.02, "{prefix} {cg} {what}: agent {a} vs kernel {k}");
+            assert!(
+                err <= 0.02,
+                "{prefix} {cg} {what}: agent {a} vs kernel {k}; per cycle:{}\n{}",
+                bytes_by_cycle(&events, &dev),
+                section(&out, "agent rc")
+            );
         }
     }
     check_enforcement(prefix, &out, &dev);
@@ -333,11 +363,7 @@ fn check_enforcement(prefix: &str, out: &str, dev: &str) {
         w.contains("default 100"),
         "{prefix}: io.weight not restored: {w}"
     );
-    let events: Vec<Value> = section(out, "events2")
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = parse_events(section(out, "events2"));
     // Effective: once capped, the reader moves at most ~10 MB/s (null_blk does GB/s).
     let rates: Vec<(u64, f64, bool)> = events
         .iter()

@@ -10,10 +10,12 @@
 //!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law).
-//! - With every SLO at or under 70 % of its target for three cycles, one capped service is raised:
-//!   x1.25 while every p99.9 is under half its target, else x1.1, or half-way to the lowest rate known to break an SLO (remembered for
+//! - With every SLO at or under 70 % of its target for two cycles (the change's transition and one
+//!   full cycle under it), one capped service is raised:
+//!   x1.5 while every p99.9 is under half its target, else x1.1, or half-way to the lowest rate known to break an SLO (remembered for
 //!   [`BAD_MEMORY_CYCLES`]); within 10 % of it the cap holds. A raise followed by a
-//!   violation goes straight back to the last good cap. A cap that no longer binds is
+//!   violation before the cap settled ([`SETTLED_CYCLES`]) goes straight back to the last
+//!   good cap. A cap that no longer binds is
 //!   removed.
 
 use std::collections::HashMap;
@@ -28,11 +30,15 @@ use crate::config::SloClass;
 pub const BAD_MEMORY_CYCLES: u64 = 60;
 /// Relax only when every latency service is at most this fraction of its target.
 const RELAX_MARGIN: f64 = 0.7;
-const HEALTHY_CYCLES_TO_RELAX: u32 = 3;
+const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
 /// A cap unchanged this long is settled: a violation under it gets a gentle cut.
 const SETTLED_CYCLES: u64 = 4;
+/// A settled cap that sees a violation keeps at least this fraction: per-cycle p99.9 on a
+/// shared disk has single-cycle spikes, and a real load change gets a decisive cut at the
+/// next violation anyway.
+const GENTLE_CUT_MIN: f64 = 0.7;
 const RAISE_FACTOR: f64 = 1.1;
-const FAST_RAISE_FACTOR: f64 = 1.25;
+const FAST_RAISE_FACTOR: f64 = 1.5;
 /// Raises stop at this fraction of the lowest rate known to break an SLO.
 const KNEE_HOLD: f64 = 0.9;
 
@@ -48,6 +54,12 @@ struct CapState {
 pub struct Adaptive {
     caps: HashMap<(u32, ServiceId), CapState>,
     healthy: HashMap<u32, u32>,
+}
+
+/// Whether a service's last change is old enough to count as settled: a violation before
+/// that is blamed on the change (a raise is undone), after it on noise or a load change.
+fn is_settled(s: &ServiceLoad, cycle: u64) -> bool {
+    s.changed_cycle.is_none_or(|c| cycle >= c + SETTLED_CYCLES)
 }
 
 fn class_rank(s: &ServiceLoad) -> Option<u8> {
@@ -86,6 +98,12 @@ impl Adaptive {
             .total_bps()
             .map_or(a.bps(), |c| (c as f64).min(a.bps().max(1.0)));
         let cause = victim_cause(base_cause(d, a), victim);
+        // A cap that held for a while sits near the knee: a lone violation there is noise
+        // or a small load change, so cut gently; a second one cuts decisively.
+        let settled = a.limit.total_bps().is_some() && is_settled(a, d.cycle);
+        if settled {
+            st.before_raise = None;
+        }
         let (cap, why) = if let Some(prev) = st.before_raise.take() {
             let raised = a.limit.total_bps().unwrap_or(current as u64);
             st.bad = Some((raised, d.cycle));
@@ -109,13 +127,8 @@ impl Adaptive {
                 SloClass::BestEffort => 0.5,
             }
             .clamp(0.05, 0.5);
-            // A cap that held for a while sits near the knee: a lone violation there is
-            // noise or a small load change, so cut gently; a second one cuts decisively.
-            let settled = a.limit.total_bps().is_some()
-                && a.changed_cycle
-                    .is_some_and(|c| d.cycle >= c + SETTLED_CYCLES);
             let factor = match (settled, victim.slo_ns(), victim.judged_p999()) {
-                (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(0.5, 0.9),
+                (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9),
                 _ => factor,
             };
             st.bad = Some((current as u64, d.cycle));
@@ -159,14 +172,6 @@ impl Adaptive {
         *streak += 1;
         if *streak < HEALTHY_CYCLES_TO_RELAX {
             return vec![];
-        }
-        // A raise that survived a full cycle is the new good cap.
-        for s in &d.services {
-            if s.can_change(d.cycle) {
-                if let Some(st) = self.caps.get_mut(&(d.dev, s.id)) {
-                    st.before_raise = None;
-                }
-            }
         }
         // One service per cycle, the most recently untouched first (lowest id as tie).
         let candidate = d
@@ -263,10 +268,11 @@ impl Policy for Adaptive {
         self.healthy.insert(d.dev, 0);
         if let Some(a) = Self::aggressor(d, victim) {
             // Going back to the last good cap is always safe: no need to wait for it.
-            let reverting = self
-                .caps
-                .get(&(d.dev, a.id))
-                .is_some_and(|s| s.before_raise.is_some());
+            let reverting = !is_settled(a, d.cycle)
+                && self
+                    .caps
+                    .get(&(d.dev, a.id))
+                    .is_some_and(|s| s.before_raise.is_some());
             if a.can_change(d.cycle) || reverting {
                 out.extend(self.throttle(d, victim, a));
             }

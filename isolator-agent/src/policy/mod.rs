@@ -318,8 +318,10 @@ fn fraction(part: f64, total: f64) -> f64 {
     }
 }
 
-/// Decisions that cap a service's total bandwidth at `cap_bps`, split over read and
-/// write by what it did this cycle (a direction it did not use stays as it is).
+/// Decisions that cap a service's total bandwidth at `cap_bps`. An existing cap is scaled
+/// as a whole, keeping its read/write split: a cycle whose mix is skewed (the writer just
+/// stopped, a burst of page-ins) must not move a write cap by the read share. A fresh cap is
+/// split over read and write by this cycle's mix.
 pub(crate) fn cap_bandwidth(
     s: &ServiceLoad,
     dev: u32,
@@ -327,18 +329,22 @@ pub(crate) fn cap_bandwidth(
     reason: String,
     cause: Cause,
 ) -> Vec<Decision> {
-    let values = [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)]
-        .into_iter()
-        .filter_map(|(knob, part)| {
-            let frac = fraction(part, s.bps());
-            if frac < 0.05 && s.limit.get(knob).is_none() {
-                return None;
+    let knobs = [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)];
+    let existing = s.limit.total_bps().filter(|&t| t > 0);
+    let values = knobs.into_iter().filter_map(|(knob, part)| {
+        let to = match (existing, s.limit.get(knob)) {
+            (Some(total), Some(v)) => (v as f64 * cap_bps as f64 / total as f64) as u64,
+            (Some(_), None) => return None,
+            (None, _) => {
+                let frac = fraction(part, s.bps());
+                if frac < 0.05 {
+                    return None;
+                }
+                (cap_bps as f64 * frac) as u64
             }
-            Some((
-                knob,
-                Some(((cap_bps as f64 * frac.max(0.05)) as u64).max(MIN_CAP_BPS)),
-            ))
-        });
+        };
+        Some((knob, Some(to.max(MIN_CAP_BPS))))
+    });
     changes(s, dev, values, reason, cause)
 }
 
