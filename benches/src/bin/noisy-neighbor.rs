@@ -352,7 +352,10 @@ fn main() -> Result<()> {
         let o = run_mode(&setup, m)?;
         eprintln!(
             "  p99.9 ms {:?}; writer {:.0} MB/s steady",
-            o.p999_ms.iter().map(|v| (v * 10.0).round() / 10.0).collect::<Vec<_>>(),
+            o.p999_ms
+                .iter()
+                .map(|v| (v * 10.0).round() / 10.0)
+                .collect::<Vec<_>>(),
             o.writer_mbps_steady
         );
         outcomes.push(o);
@@ -386,7 +389,10 @@ fn report(outcomes: &[Outcome], slo_ms: u64, dev: &str, writer_seconds: u64) {
             )
         });
         let share = best_static.map_or(String::from("-"), |b| {
-            format!("{:.0} %", 100.0 * o.writer_mbps_steady / b.writer_mbps_steady)
+            format!(
+                "{:.0} %",
+                100.0 * o.writer_mbps_steady / b.writer_mbps_steady
+            )
         });
         println!(
             "| {} | {} | {} | {}/{} | {:.2} ms | {} | {:.0} | {:.0} / {:.0} | {} |",
