@@ -10,13 +10,12 @@
 //!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law).
-//! - With every SLO at or under 70 % of its target for two cycles (the change's transition and one
-//!   full cycle under it), one capped service is raised:
-//!   x1.5 while every p99.9 is under half its target, else x1.1, or half-way to the lowest rate known to break an SLO (remembered for
-//!   [`BAD_MEMORY_CYCLES`]); within 10 % of it the cap holds. A raise followed by a
-//!   violation before the cap settled ([`SETTLED_CYCLES`]) goes straight back to the last
-//!   good cap. A cap that no longer binds is
-//!   removed.
+//! - With every p99.9 under half its target for two cycles (the change's transition and one
+//!   full cycle under it), one capped service is raised x1.5; with every p99.9 at or under
+//!   70 % of its target for four cycles, x1.1. Never past half-way to the lowest rate known
+//!   to break an SLO (remembered for [`BAD_MEMORY_CYCLES`]); within 10 % of it the cap
+//!   holds. A raise followed by a violation before the cap settled ([`SETTLED_CYCLES`]) goes
+//!   straight back to the last good cap. A cap that no longer binds is removed.
 
 use std::collections::HashMap;
 
@@ -30,7 +29,9 @@ use crate::config::SloClass;
 pub const BAD_MEMORY_CYCLES: u64 = 60;
 /// Relax only when every latency service is at most this fraction of its target.
 const RELAX_MARGIN: f64 = 0.7;
-const HEALTHY_CYCLES_TO_RELAX: u32 = 2;
+const HEALTHY_CYCLES_TO_RELAX: u32 = 4;
+/// With every SLO under half its target, a raise may follow after this many cycles.
+const FAST_RAISE_CYCLES: u32 = 2;
 /// A cap unchanged this long is settled: a violation under it gets a gentle cut.
 const SETTLED_CYCLES: u64 = 4;
 /// A settled cap that sees a violation keeps at least this fraction: per-cycle p99.9 on a
@@ -50,10 +51,18 @@ struct CapState {
     before_raise: Option<u64>,
 }
 
+/// Consecutive cycles, per disk, with every SLO under [`RELAX_MARGIN`] of its target
+/// (`margin`) and under half of it (`roomy`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Streak {
+    margin: u32,
+    roomy: u32,
+}
+
 #[derive(Debug, Default)]
 pub struct Adaptive {
     caps: HashMap<(u32, ServiceId), CapState>,
-    healthy: HashMap<u32, u32>,
+    healthy: HashMap<u32, Streak>,
 }
 
 /// Whether a service's last change is old enough to count as settled: a violation before
@@ -151,28 +160,35 @@ impl Adaptive {
             )
         };
         let cap = cap.max(a.floor_bps());
-        self.healthy.insert(d.dev, 0);
+        self.healthy.insert(d.dev, Streak::default());
         cap_bandwidth(a, d.dev, cap, why, cause)
     }
 
     fn relax(&mut self, d: &DeviceCycle) -> Vec<Decision> {
-        let margin_ok = d
+        let no_violation = d.services.iter().all(|s| !s.violating());
+        // Worst p99.9 as a fraction of its target over the latency services.
+        let worst = d
             .services
             .iter()
-            .all(|s| match (s.slo_ns(), s.judged_p999()) {
-                (Some(slo), Some(l)) => (l as f64) <= slo as f64 * RELAX_MARGIN,
-                _ => true,
-            })
-            && d.services.iter().all(|s| !s.violating());
-        let streak = self.healthy.entry(d.dev).or_insert(0);
-        if !margin_ok {
-            *streak = 0;
+            .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
+            .fold(0.0, f64::max);
+        let streak = self.healthy.entry(d.dev).or_default();
+        if !no_violation || worst > RELAX_MARGIN {
+            *streak = Streak::default();
             return vec![];
         }
-        *streak += 1;
-        if *streak < HEALTHY_CYCLES_TO_RELAX {
+        streak.margin += 1;
+        streak.roomy = if worst <= 0.5 { streak.roomy + 1 } else { 0 };
+        // Far below every target, a big step after the shortest wait (the change's
+        // transition and one full cycle); closer to a target, a small step after a longer
+        // one, since per-cycle p99.9 on a shared disk is noisy.
+        let factor = if streak.roomy >= FAST_RAISE_CYCLES {
+            FAST_RAISE_FACTOR
+        } else if streak.margin >= HEALTHY_CYCLES_TO_RELAX {
+            RAISE_FACTOR
+        } else {
             return vec![];
-        }
+        };
         // One service per cycle, the most recently untouched first (lowest id as tie).
         let candidate = d
             .services
@@ -192,24 +208,13 @@ impl Adaptive {
         let cause = base_cause(d, s);
         let Some(cap) = s.limit.total_bps() else {
             // An IOPS cap on a victim's own concurrency: lift it whole once healthy.
-            self.healthy.insert(d.dev, 0);
+            self.healthy.insert(d.dev, Streak::default());
             return uncap(
                 s,
                 d.dev,
                 "every SLO met: lift the concurrency cap".into(),
                 cause,
             );
-        };
-        // Far below every target: bigger steps back.
-        let worst = d
-            .services
-            .iter()
-            .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
-            .fold(0.0, f64::max);
-        let factor = if worst <= 0.5 {
-            FAST_RAISE_FACTOR
-        } else {
-            RAISE_FACTOR
         };
         let mut next = (cap as f64 * factor) as u64;
         if let Some((bad, _)) = st.bad {
@@ -224,7 +229,7 @@ impl Adaptive {
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
         }
-        self.healthy.insert(d.dev, 0);
+        self.healthy.insert(d.dev, Streak::default());
         // Not binding: it uses well under half its cap and no SLO worry is remembered.
         if st.bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
             st.before_raise = None;
@@ -243,7 +248,7 @@ impl Adaptive {
             s,
             d.dev,
             next,
-            format!("every SLO met with margin for {HEALTHY_CYCLES_TO_RELAX} cycles: give back bandwidth"),
+            format!("every SLO met with margin (worst p99.9 at {:.0} % of its target): give back bandwidth", worst * 100.0),
             cause,
         )
     }
@@ -265,7 +270,7 @@ impl Policy for Adaptive {
             out.extend(self.relax(d));
             return out;
         };
-        self.healthy.insert(d.dev, 0);
+        self.healthy.insert(d.dev, Streak::default());
         if let Some(a) = Self::aggressor(d, victim) {
             // Going back to the last good cap is always safe: no need to wait for it.
             let reverting = !is_settled(a, d.cycle)
