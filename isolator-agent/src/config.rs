@@ -91,13 +91,19 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Parses "20ms", "500us", "1.5s", "250000ns" into nanoseconds.
-pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+/// Splits "20ms" into its number and its unit ("20", "ms"); the sign stays with the number
+/// so that "-5ms" is reported as a bad value, not a bad unit.
+fn split_quantity(s: &str) -> (&str, &str) {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    t.split_at(split)
+}
+
+/// Parses "20ms", "500us", "1.5s", "250000ns" into nanoseconds.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let (num, unit) = split_quantity(s);
     let v: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a duration; write e.g. \"20ms\" or \"500us\""))?;
@@ -117,11 +123,7 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
 
 /// Parses "150MB/s", "1.5GiB/s", "800KB/s", "500iops" (decimal and binary prefixes).
 pub fn parse_rate(s: &str) -> Result<Rate, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = split_quantity(s);
     let v: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a rate; write e.g. \"150MB/s\" or \"500iops\""))?;

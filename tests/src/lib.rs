@@ -130,6 +130,19 @@ impl TestCgroup {
         std::fs::metadata(&self.dir).unwrap().ino()
     }
 
+    /// Spawns `sh -c 'echo $$ > cgroup.procs; exec <cmd>'`: the command runs in the cgroup
+    /// from its first instruction.
+    pub fn spawn(&self, cmd: &str) -> Child {
+        let procs = self.dir.join("cgroup.procs");
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {} && exec {cmd}", procs.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd}: {e}"))
+    }
+
     pub fn rel_path(&self) -> String {
         format!("/{}", self.dir.file_name().unwrap().to_string_lossy())
     }
@@ -354,4 +367,45 @@ pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
         }
     }
     (r, w)
+}
+
+/// The noisy-neighbor scenario of the SLO issue, shared by the control test and the
+/// benchmark so that both measure the same thing: `db`, 4 KiB random reads at QD1 (latency
+/// service), next to `backup`, 1 MiB sequential O_DIRECT writes at QD32 (best-effort, 20 MB/s
+/// floor).
+pub mod noisy {
+    use super::*;
+
+    /// The reader's 512 MiB file and the writer's 4 GiB (fallocated) file in `scratch`.
+    pub fn files(scratch: &Scratch) -> (PathBuf, PathBuf) {
+        let (rfile, wfile) = (scratch.path("r.dat"), scratch.path("w.dat"));
+        make_file(&rfile, 512 << 20);
+        run_ok(Command::new("fallocate").arg("-l").arg("4G").arg(&wfile));
+        (rfile, wfile)
+    }
+
+    pub fn config(db: &TestCgroup, backup: &TestCgroup, slo_ms: u64) -> String {
+        format!(
+            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_ms}ms\"\n\n\
+             [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
+            db.rel_path(),
+            backup.rel_path()
+        )
+    }
+
+    pub fn reader(file: &Path, runtime_s: u64) -> String {
+        format!(
+            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync \
+             --time_based --runtime={runtime_s} --output=/dev/null",
+            file.display()
+        )
+    }
+
+    pub fn writer(file: &Path, runtime_s: u64) -> String {
+        format!(
+            "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \
+             --iodepth=32 --time_based --runtime={runtime_s} --output=/dev/null",
+            file.display()
+        )
+    }
 }

@@ -1,26 +1,10 @@
 //! SLO enforcement on the real disk: the noisy-neighbor scenario under `adaptive`, and
 //! restoring every knob after SIGTERM, after SIGKILL + restart and by `isolator restore`.
 
-use std::{
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use isolator_tests::*;
 use serde_json::Value;
-
-/// Spawns `sh -c 'echo $$ > cgroup.procs; exec <cmd>'`: the command runs in the cgroup
-/// from its first instruction.
-fn spawn_in(cg: &TestCgroup, cmd: &str) -> Child {
-    let procs = cg.dir.join("cgroup.procs");
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {} && exec {cmd}", procs.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn")
-}
 
 fn write_config(scratch: &Scratch, body: &str) -> std::path::PathBuf {
     let p = scratch.path("isolator.toml");
@@ -52,21 +36,10 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
     let scratch = Scratch::new();
     let db = TestCgroup::new("iso-nn-db");
     let backup = TestCgroup::new("iso-nn-backup");
-    let rfile = scratch.path("r.dat");
-    let wfile = scratch.path("w.dat");
-    make_file(&rfile, 512 << 20);
-    run_ok(Command::new("fallocate").args(["-l", "4G", wfile.to_str().unwrap()]));
+    let (rfile, wfile) = noisy::files(&scratch);
     let dev = disk_of(&scratch.dir);
     let slo_ms = 4;
-    let config = write_config(
-        &scratch,
-        &format!(
-            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_ms}ms\"\n\n\
-             [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
-            db.rel_path(),
-            backup.rel_path()
-        ),
-    );
+    let config = write_config(&scratch, &noisy::config(&db, &backup, slo_ms));
     let journal = scratch.path("journal");
     let mut agent = Agent::start(&[
         "--interval",
@@ -76,21 +49,9 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
         "--journal-dir",
         journal.to_str().unwrap(),
     ]);
-    let mut reader = spawn_in(
-        &db,
-        &format!(
-            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync --time_based --runtime=34 --output=/dev/null",
-            rfile.display()
-        ),
-    );
+    let mut reader = db.spawn(&noisy::reader(&rfile, 34));
     std::thread::sleep(Duration::from_secs(6));
-    let mut writer = spawn_in(
-        &backup,
-        &format!(
-            "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio --iodepth=32 --time_based --runtime=26 --output=/dev/null",
-            wfile.display()
-        ),
-    );
+    let mut writer = backup.spawn(&noisy::writer(&wfile, 26));
     assert!(writer.wait().unwrap().success(), "writer fio failed");
     assert!(reader.wait().unwrap().success(), "reader fio failed");
     agent.wait_cycles(1);
@@ -256,14 +217,11 @@ impl CeilingCase {
     }
 
     fn read_some(&self) {
-        let mut c = spawn_in(
-            &self.cg,
-            &format!(
-                "{} --path {} --op read --bytes 16777216 --bs 65536 --direct",
-                loadgen_bin().display(),
-                self.file.display()
-            ),
-        );
+        let mut c = self.cg.spawn(&format!(
+            "{} --path {} --op read --bytes 16777216 --bs 65536 --direct",
+            loadgen_bin().display(),
+            self.file.display()
+        ));
         assert!(c.wait().unwrap().success());
     }
 

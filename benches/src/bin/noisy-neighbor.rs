@@ -14,14 +14,10 @@
 //!   cargo run --release -p isolator-benches --bin noisy-neighbor -- [--writer-seconds 30]
 //!     [--slo-ms 4] [--caps 50,100,150,200,300,400]
 
-use std::{
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use isolator_tests::{disk_of, make_file, Agent, Scratch, TestCgroup};
+use isolator_tests::{disk_of, noisy, Agent, Scratch, TestCgroup};
 use serde_json::Value;
 
 const POLICIES: [&str; 5] = ["pine", "priority", "slae", "ute", "adaptive"];
@@ -61,17 +57,6 @@ struct Outcome {
     reader_iops: f64,
     writer_mbps_all: f64,
     writer_mbps_steady: f64,
-}
-
-fn spawn_in(cg: &TestCgroup, cmd: &str) -> Result<Child> {
-    let procs = cg.dir.join("cgroup.procs");
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {} && exec {cmd}", procs.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("spawning fio")
 }
 
 /// Writes (or with 0 removes) a write-bandwidth cap on `dev`, in whichever cgroup mode.
@@ -123,16 +108,7 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
     let db = TestCgroup::new("iso-bench-db");
     let backup = TestCgroup::new("iso-bench-backup");
     let config = s.scratch.path("bench.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{}ms\"\n\n\
-             [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
-            db.rel_path(),
-            s.slo_ms,
-            backup.rel_path()
-        ),
-    )?;
+    std::fs::write(&config, noisy::config(&db, &backup, s.slo_ms))?;
     if let Mode::Static(mbps) = mode {
         set_write_cap(&backup, s.dev, mbps * 1_000_000)?;
     }
@@ -156,26 +132,11 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
     }
     let mut agent = Agent::start(&args);
     let total = SOLO_SECONDS + s.writer_seconds + 2;
-    let mut reader = spawn_in(
-        &db,
-        &format!(
-            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync \
-             --time_based --runtime={total} --output=/dev/null",
-            s.rfile.display()
-        ),
-    )?;
+    let mut reader = db.spawn(&noisy::reader(s.rfile, total));
     std::thread::sleep(Duration::from_secs(SOLO_SECONDS));
-    let mut writer = spawn_in(
-        &backup,
-        &format!(
-            "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \
-             --iodepth=32 --time_based --runtime={} --output=/dev/null",
-            s.wfile.display(),
-            s.writer_seconds
-        ),
-    )?;
-    let w_ok = writer.wait()?.success();
-    let r_ok = reader.wait()?.success();
+    let mut writer = backup.spawn(&noisy::writer(s.wfile, s.writer_seconds));
+    let w_ok = writer.wait().is_ok_and(|s| s.success());
+    let r_ok = reader.wait().is_ok_and(|s| s.success());
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
     if let Mode::Static(_) = mode {
@@ -256,7 +217,18 @@ impl Outcome {
     }
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // One line, no backtrace, whatever RUST_BACKTRACE says: these are usage and set-up errors.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("noisy-neighbor: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let mut writer_seconds = 30;
     let mut slo_ms = 4;
     let mut caps: Vec<u64> = vec![50, 100, 150, 200, 300, 400];
@@ -284,6 +256,13 @@ fn main() -> Result<()> {
             ),
         }
     }
+    if let Some(o) = &only {
+        for m in o {
+            if m != "none" && m != "static" && !POLICIES.contains(&m.as_str()) {
+                bail!("--modes: unknown mode {m}; use none, static or a policy name");
+            }
+        }
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark loads eBPF and writes cgroup limits: run it as root");
@@ -300,17 +279,7 @@ fn main() -> Result<()> {
         }
     }
     let scratch = Scratch::new();
-    let rfile = scratch.path("r.dat");
-    let wfile = scratch.path("w.dat");
-    make_file(&rfile, 512 << 20);
-    let ok = Command::new("fallocate")
-        .args(["-l", "4G"])
-        .arg(&wfile)
-        .status()?
-        .success();
-    if !ok {
-        bail!("fallocate {} failed", wfile.display());
-    }
+    let (rfile, wfile) = noisy::files(&scratch);
     let dev = disk_of(&scratch.dir);
     let setup = Setup {
         scratch: &scratch,
@@ -339,13 +308,6 @@ fn main() -> Result<()> {
             .filter(|p| wanted(p))
             .map(|&p| Mode::Policy(p)),
     );
-    if let Some(o) = &only {
-        for m in o {
-            if m != "none" && m != "static" && !POLICIES.contains(&m.as_str()) {
-                bail!("--modes: unknown mode {m}; use none, static or a policy name");
-            }
-        }
-    }
     let mut outcomes = Vec::new();
     for m in modes {
         eprintln!("running {}", m.label());

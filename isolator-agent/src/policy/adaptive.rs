@@ -110,10 +110,9 @@ impl Adaptive {
         // A cap that held for a while sits near the knee: a lone violation there is noise
         // or a small load change, so cut gently; a second one cuts decisively.
         let settled = a.limit.total_bps().is_some() && is_settled(a, d.cycle);
-        if settled {
-            st.before_raise = None;
-        }
-        let (cap, why) = if let Some(prev) = st.before_raise.take() {
+        // A raise is to blame only until its cap settles.
+        let undo = st.before_raise.take().filter(|_| !settled);
+        let (cap, why) = if let Some(prev) = undo {
             let raised = a.limit.total_bps().unwrap_or(current as u64);
             st.bad = Some((raised, d.cycle));
             (
@@ -222,17 +221,14 @@ impl Adaptive {
             // close costs a violating cycle for little bandwidth.
             let knee_margin = (bad as f64 * KNEE_HOLD) as u64;
             next = next.min(cap + bad.saturating_sub(cap) / 2).min(knee_margin);
-            if next <= cap {
-                return vec![]; // at the knee: hold
-            }
         }
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
         }
-        self.healthy.insert(d.dev, Streak::default());
         // Not binding: it uses well under half its cap and no SLO worry is remembered.
         if st.bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
             st.before_raise = None;
+            self.healthy.insert(d.dev, Streak::default());
             return uncap(
                 s,
                 d.dev,
@@ -241,8 +237,9 @@ impl Adaptive {
             );
         }
         if next <= cap {
-            return vec![];
+            return vec![]; // at the knee or the ceiling: hold
         }
+        self.healthy.insert(d.dev, Streak::default());
         st.before_raise = Some(cap);
         cap_bandwidth(
             s,

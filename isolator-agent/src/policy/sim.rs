@@ -63,6 +63,12 @@ impl SimService {
             changed: None,
         }
     }
+    /// A throughput service with a `rate_mbps` target that would use `demand_mbps` from
+    /// cycle 0.
+    pub fn throughput(name: &'static str, rate_mbps: f64, demand_mbps: f64) -> Self {
+        let rate_bps = (rate_mbps * MB) as u64;
+        Self::writer(name, SloClass::Throughput { rate_bps }, demand_mbps, 0)
+    }
     pub fn writer(name: &'static str, class: SloClass, demand_mbps: f64, start: u64) -> Self {
         SimService {
             name,
@@ -313,27 +319,13 @@ mod tests {
                 svcs.push(SimService::latency("l-b", 8.0, 2.0));
             }
             if n >= 4 {
-                svcs.push(SimService::writer(
-                    "t-a",
-                    SloClass::Throughput {
-                        rate_bps: (20.0 * MB) as u64,
-                    },
-                    25.0,
-                    0,
-                ));
+                svcs.push(SimService::throughput("t-a", 20.0, 25.0));
             }
             if n >= 5 {
                 svcs.push(SimService::latency("l-c", 10.0, 1.0));
             }
             if n >= 6 {
-                svcs.push(SimService::writer(
-                    "t-b",
-                    SloClass::Throughput {
-                        rate_bps: (40.0 * MB) as u64,
-                    },
-                    60.0,
-                    0,
-                ));
+                svcs.push(SimService::throughput("t-b", 40.0, 60.0));
             }
             svcs.push(SimService::writer("bulk", SloClass::BestEffort, 2400.0, 5));
             assert_eq!(svcs.len(), n);
@@ -404,22 +396,8 @@ mod tests {
         assert_eq!(pine_concurrency_step(4.0, 0.5, 1.0), 4.0);
         let mut disk = SimDisk::new(vec![
             SimService::latency("deep", 1.0, 16.0),
-            SimService::writer(
-                "tf-low",
-                SloClass::Throughput {
-                    rate_bps: 100_000_000,
-                },
-                50.0,
-                0,
-            ),
-            SimService::writer(
-                "tf-high",
-                SloClass::Throughput {
-                    rate_bps: 100_000_000,
-                },
-                300.0,
-                0,
-            ),
+            SimService::throughput("tf-low", 100.0, 50.0),
+            SimService::throughput("tf-high", 100.0, 300.0),
         ]);
         let c = disk.step();
         let d = Pine::default().decide(&c);
