@@ -401,6 +401,39 @@ pub mod noisy {
         )
     }
 
+    /// The reader, with fio logging every I/O's completion latency to `{prefix}_clat.1.log`
+    /// (lines `time_ms, latency_ns, direction, bs, offset`).
+    pub fn reader_logged(file: &Path, runtime_s: u64, prefix: &Path) -> String {
+        format!(
+            "{} --write_lat_log={} --log_avg_msec=0",
+            reader(file, runtime_s),
+            prefix.display()
+        )
+    }
+
+    /// p99.9 in ns of the completion latencies fio logged between `from_ms` and `to_ms`
+    /// after its start, and the sample count.
+    pub fn logged_p999_ns(prefix: &Path, from_ms: u64, to_ms: u64) -> (u64, usize) {
+        let path = format!("{}_clat.1.log", prefix.display());
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut lat: Vec<u64> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(',').map(str::trim);
+                let t: u64 = f.next()?.parse().ok()?;
+                let v: u64 = f.next()?.parse().ok()?;
+                (from_ms..to_ms).contains(&t).then_some(v)
+            })
+            .collect();
+        assert!(
+            !lat.is_empty(),
+            "{path}: no samples in {from_ms}..{to_ms} ms"
+        );
+        lat.sort_unstable();
+        let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
+        (lat[idx], lat.len())
+    }
+
     pub fn writer(file: &Path, runtime_s: u64) -> String {
         format!(
             "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \

@@ -12,7 +12,7 @@
 //! the same way. Prints a markdown report.
 //!
 //!   cargo run --release -p isolator-benches --bin noisy-neighbor -- [--writer-seconds 30]
-//!     [--slo-ms 4] [--caps 50,100,150,200,300,400]
+//!     [--slo-ms 6] [--caps 50,100,150,200,300,400]
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -230,7 +230,7 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let mut writer_seconds = 30;
-    let mut slo_ms = 4;
+    let mut slo_ms = 6;
     let mut caps: Vec<u64> = vec![50, 100, 150, 200, 300, 400];
     let mut only: Option<Vec<String>> = None;
     let mut events_dir: Option<std::path::PathBuf> = None;

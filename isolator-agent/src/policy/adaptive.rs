@@ -10,12 +10,13 @@
 //!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law).
-//! - With every p99.9 under half its target for two cycles (the change's transition and one
-//!   full cycle under it), one capped service is raised x1.5; with every p99.9 at or under
+//! - With every p99.9 under 30 % of its target for two cycles (the change's transition and
+//!   one full cycle under it), one capped service is raised x1.5; with every p99.9 at or under
 //!   70 % of its target for four cycles, x1.1. Never past half-way to the lowest rate known
-//!   to break an SLO (remembered for [`BAD_MEMORY_CYCLES`]); within 10 % of it the cap
-//!   holds. A raise followed by a violation before the cap settled ([`SETTLED_CYCLES`]) goes
-//!   straight back to the last good cap. A cap that no longer binds is removed.
+//!   to break an SLO (remembered for [`BAD_MEMORY_CYCLES`]); within 20 % of it the cap
+//!   holds. A raise followed by a violation, or by a p99.9 above 85 % of its target, before
+//!   the cap settled ([`SETTLED_CYCLES`]) goes straight back to the last good cap. A cap that
+//!   no longer binds is removed.
 
 use std::collections::HashMap;
 
@@ -25,12 +26,20 @@ use super::{
 };
 use crate::config::SloClass;
 
-/// How long a rate that broke an SLO is remembered before it may be probed again.
+/// How long a rate that broke an SLO is remembered before it may be probed again. Each time
+/// the same knee (within [`SAME_KNEE`]) is found again, it is trusted twice as long, up to
+/// [`MAX_BAD_MEMORY_CYCLES`]: a stable knee is probed ever more rarely, a moved one soon.
 pub const BAD_MEMORY_CYCLES: u64 = 60;
+const MAX_BAD_MEMORY_CYCLES: u64 = 16 * BAD_MEMORY_CYCLES;
+const SAME_KNEE: f64 = 0.15;
 /// Relax only when every latency service is at most this fraction of its target.
 const RELAX_MARGIN: f64 = 0.7;
 const HEALTHY_CYCLES_TO_RELAX: u32 = 4;
-/// With every SLO under half its target, a raise may follow after this many cycles.
+/// With every p99.9 at most this fraction of its target, raises are big and quick: the knee
+/// of a shared disk is steep (measured: a writer cap x1.5 from a p99.9 at 35-40 % of the
+/// target overshot it), so only a p99.9 far below its target says a big step is safe.
+const ROOMY: f64 = 0.3;
+/// With every SLO under [`ROOMY`], a raise may follow after this many cycles.
 const FAST_RAISE_CYCLES: u32 = 2;
 /// A cap unchanged this long is settled: a violation under it gets a gentle cut.
 const SETTLED_CYCLES: u64 = 4;
@@ -41,22 +50,58 @@ const GENTLE_CUT_MIN: f64 = 0.7;
 const RAISE_FACTOR: f64 = 1.1;
 const FAST_RAISE_FACTOR: f64 = 1.5;
 /// Raises stop at this fraction of the lowest rate known to break an SLO.
-const KNEE_HOLD: f64 = 0.9;
+const KNEE_HOLD: f64 = 0.8;
+/// A raise that brings a p99.9 above this fraction of its target before the cap settles is
+/// undone without waiting for the violation: near the knee the per-cycle p99.9 straddles
+/// the target, and the next cycle would likely break it.
+const NEAR_MISS: f64 = 0.85;
+
+/// The lowest total rate (bytes/s) seen to break an SLO (or come close), when, and for how
+/// many cycles it is trusted.
+#[derive(Debug, Clone, Copy)]
+struct Knee {
+    rate_bps: u64,
+    at_cycle: u64,
+    memory_cycles: u64,
+}
 
 #[derive(Debug, Default, Clone)]
 struct CapState {
-    /// Lowest total rate (bytes/s) seen to break an SLO, and when.
-    bad: Option<(u64, u64)>,
+    /// The last knee found, kept after it expires to tell a confirmed knee from a new one.
+    knee: Option<Knee>,
     /// The cap before the last raise, to return to if the raise breaks an SLO.
     before_raise: Option<u64>,
 }
 
 /// Consecutive cycles, per disk, with every SLO under [`RELAX_MARGIN`] of its target
-/// (`margin`) and under half of it (`roomy`).
+/// (`margin`) and under [`ROOMY`] (`roomy`).
 #[derive(Debug, Default, Clone, Copy)]
 struct Streak {
     margin: u32,
     roomy: u32,
+}
+
+impl CapState {
+    /// The knee, while it is trusted.
+    fn bad(&self, cycle: u64) -> Option<u64> {
+        self.knee
+            .filter(|k| cycle < k.at_cycle + k.memory_cycles)
+            .map(|k| k.rate_bps)
+    }
+
+    fn remember_bad(&mut self, rate_bps: u64, cycle: u64) {
+        let memory_cycles = match self.knee {
+            Some(k) if (rate_bps as f64 / k.rate_bps as f64 - 1.0).abs() <= SAME_KNEE => {
+                (k.memory_cycles * 2).min(MAX_BAD_MEMORY_CYCLES)
+            }
+            _ => BAD_MEMORY_CYCLES,
+        };
+        self.knee = Some(Knee {
+            rate_bps,
+            at_cycle: cycle,
+            memory_cycles,
+        });
+    }
 }
 
 #[derive(Debug, Default)]
@@ -114,7 +159,7 @@ impl Adaptive {
         let undo = st.before_raise.take().filter(|_| !settled);
         let (cap, why) = if let Some(prev) = undo {
             let raised = a.limit.total_bps().unwrap_or(current as u64);
-            st.bad = Some((raised, d.cycle));
+            st.remember_bad(raised, d.cycle);
             (
                 prev,
                 format!(
@@ -139,7 +184,7 @@ impl Adaptive {
                 (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9),
                 _ => factor,
             };
-            st.bad = Some((current as u64, d.cycle));
+            st.remember_bad(current as u64, d.cycle);
             // The victim suffers from everyone else's bytes: scale that total by the
             // factor and take the whole cut from the aggressor.
             let others: f64 = d
@@ -163,6 +208,40 @@ impl Adaptive {
         cap_bandwidth(a, d.dev, cap, why, cause)
     }
 
+    /// A p99.9 close to its target right after a raise: go back to the last good cap before
+    /// the raise costs a violating cycle, and remember the raised rate as too close.
+    fn undo_near_miss(&mut self, d: &DeviceCycle, worst: f64) -> Vec<Decision> {
+        let raised = d.services.iter().find(|s| {
+            s.limit.total_bps().is_some()
+                && !is_settled(s, d.cycle)
+                && s.can_change(d.cycle)
+                && self
+                    .caps
+                    .get(&(d.dev, s.id))
+                    .is_some_and(|st| st.before_raise.is_some())
+        });
+        let Some(s) = raised else {
+            return vec![];
+        };
+        let st = self.caps.entry((d.dev, s.id)).or_default();
+        let Some(prev) = st.before_raise.take() else {
+            return vec![];
+        };
+        if let Some(raised) = s.limit.total_bps() {
+            st.remember_bad(raised, d.cycle);
+        }
+        cap_bandwidth(
+            s,
+            d.dev,
+            prev.max(s.floor_bps()),
+            format!(
+                "the last raise took a p99.9 to {:.0} % of its target: back to the last good cap",
+                worst * 100.0
+            ),
+            base_cause(d, s),
+        )
+    }
+
     fn relax(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let no_violation = d.services.iter().all(|s| !s.violating());
         // Worst p99.9 as a fraction of its target over the latency services.
@@ -174,10 +253,13 @@ impl Adaptive {
         let streak = self.healthy.entry(d.dev).or_default();
         if !no_violation || worst > RELAX_MARGIN {
             *streak = Streak::default();
+            if no_violation && worst > NEAR_MISS {
+                return self.undo_near_miss(d, worst);
+            }
             return vec![];
         }
         streak.margin += 1;
-        streak.roomy = if worst <= 0.5 { streak.roomy + 1 } else { 0 };
+        streak.roomy = if worst <= ROOMY { streak.roomy + 1 } else { 0 };
         // Far below every target, a big step after the shortest wait (the change's
         // transition and one full cycle); closer to a target, a small step after a longer
         // one, since per-cycle p99.9 on a shared disk is noisy.
@@ -198,12 +280,7 @@ impl Adaptive {
             return vec![];
         };
         let st = self.caps.entry((d.dev, s.id)).or_default();
-        if st
-            .bad
-            .is_some_and(|(_, at)| d.cycle >= at + BAD_MEMORY_CYCLES)
-        {
-            st.bad = None;
-        }
+        let bad = st.bad(d.cycle);
         let cause = base_cause(d, s);
         let Some(cap) = s.limit.total_bps() else {
             // An IOPS cap on a victim's own concurrency: lift it whole once healthy.
@@ -216,9 +293,10 @@ impl Adaptive {
             );
         };
         let mut next = (cap as f64 * factor) as u64;
-        if let Some((bad, _)) = st.bad {
-            // Half-way to the knee, and never into the last 10 % below it: a probe that
-            // close costs a violating cycle for little bandwidth.
+        if let Some(bad) = bad {
+            // Half-way to the knee, and never into the last 20 % below it: near a steep knee
+            // the per-cycle p99.9 straddles the target, and a probe there costs violating
+            // cycles for little bandwidth.
             let knee_margin = (bad as f64 * KNEE_HOLD) as u64;
             next = next.min(cap + bad.saturating_sub(cap) / 2).min(knee_margin);
         }
@@ -226,7 +304,7 @@ impl Adaptive {
             next = next.min(ceiling);
         }
         // Not binding: it uses well under half its cap and no SLO worry is remembered.
-        if st.bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
+        if bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
             st.before_raise = None;
             self.healthy.insert(d.dev, Streak::default());
             return uncap(

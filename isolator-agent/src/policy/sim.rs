@@ -278,7 +278,7 @@ mod tests {
     fn adaptive_meets_slo_within_three_cycles_and_keeps_the_writer_busy() {
         let slo = 5.0;
         let mut disk = noisy_pair(slo);
-        let h = disk.run(&mut Adaptive::default(), 200);
+        let h = disk.run(&mut Adaptive::default(), 400);
         let v = violating_cycles(&h, "reader");
         let start = v[0];
         assert_eq!(start, 5, "the violation starts with the writer");
@@ -294,14 +294,18 @@ mod tests {
             v.iter().all(|&c| c < 60),
             "violations late in the run: {v:?}"
         );
-        // No oscillation: the last 100 cycles change nothing.
-        let changes_late = h[100..].iter().filter(|(_, d)| !d.is_empty()).count();
+        // No oscillation: a confirmed knee is re-probed ever more rarely (after 60, 120,
+        // 240 cycles), so the last 100 cycles change nothing.
+        let changes_late = h[300..].iter().filter(|(_, d)| !d.is_empty()).count();
         assert_eq!(changes_late, 0, "limit still moving late in the run");
         let final_cap = disk.services[1].limit.wbps.unwrap() as f64 / MB;
+        // The best static cap here sits exactly at the target with no margin; the policy
+        // deliberately stays out of the top 15 % of the latency target (a real disk's
+        // per-cycle p99.9 straddles it there), which costs about 10 % of the bandwidth.
         let best = best_static_mbps(slo);
         assert!(
-            final_cap >= 0.9 * best,
-            "writer cap {final_cap} MB/s < 90 % of best static {best}"
+            final_cap >= 0.85 * best,
+            "writer cap {final_cap} MB/s < 85 % of best static {best}"
         );
         assert!(
             final_cap <= best,
@@ -330,7 +334,7 @@ mod tests {
             svcs.push(SimService::writer("bulk", SloClass::BestEffort, 2400.0, 5));
             assert_eq!(svcs.len(), n);
             let mut disk = SimDisk::new(svcs);
-            let h = disk.run(&mut Adaptive::default(), 150);
+            let h = disk.run(&mut Adaptive::default(), 400);
             for name in ["l-a", "l-b", "l-c"] {
                 let v = violating_cycles(&h, name);
                 if v.is_empty() {
@@ -357,8 +361,9 @@ mod tests {
                     );
                 }
             }
+            // A confirmed knee is re-probed ever more rarely (see the two-service test).
             assert!(
-                h[100..].iter().all(|(_, d)| d.is_empty()),
+                h[300..].iter().all(|(_, d)| d.is_empty()),
                 "{n} services: still changing"
             );
         }
