@@ -154,14 +154,12 @@ impl Registry {
     }
 
     fn cgroup(&self, id: u64) -> CgroupRef {
-        CgroupRef {
-            id,
-            path: if id == UNATTRIBUTED_CGROUP {
-                None
-            } else {
-                self.paths.get(&id).cloned()
-            },
-        }
+        let path = if id == UNATTRIBUTED_CGROUP {
+            None
+        } else {
+            self.paths.get(&id).cloned()
+        };
+        CgroupRef::new(id, path)
     }
 }
 

@@ -10,17 +10,60 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{cgroupfs::CgroupMode, metrics::OpStats};
+use crate::{
+    cgroupfs::CgroupMode,
+    metrics::OpStats,
+    naming::{self, QosClass, Runtime, ServiceKind},
+};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// A cgroup as the events name it.
+/// A cgroup as the events name it: by id and path, and by what owns it.
 #[derive(Debug, Clone, Serialize)]
 pub struct CgroupRef {
     /// kernfs id (inode of the cgroup directory); 0 = unattributed.
     pub id: u64,
     /// Path relative to the io/blkio hierarchy root; null when unknown.
     pub path: Option<String>,
+    pub kind: ServiceKind,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_qos: Option<QosClass>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+}
+
+impl CgroupRef {
+    /// Names a cgroup from its path (see [`crate::naming`]).
+    pub fn new(id: u64, path: Option<String>) -> CgroupRef {
+        let named = path.as_deref().map(naming::name_path);
+        let name = match (&named, id) {
+            (Some(n), _) => n.name.clone(),
+            (None, 0) => "unattributed".into(),
+            (None, _) => format!("cgroup {id}"),
+        };
+        let kind = named.as_ref().map_or(ServiceKind::Cgroup, |n| n.kind);
+        let id_of = |k: ServiceKind| named.as_ref().filter(|n| n.kind == k)?.id.clone();
+        CgroupRef {
+            id,
+            container_id: id_of(ServiceKind::Container),
+            unit: id_of(ServiceKind::Unit),
+            runtime: named.as_ref().and_then(|n| n.runtime),
+            pod_uid: named
+                .as_ref()
+                .and_then(|n| Some(n.pod.as_ref()?.uid.clone())),
+            pod_qos: named.as_ref().and_then(|n| Some(n.pod.as_ref()?.qos)),
+            path,
+            kind,
+            name,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

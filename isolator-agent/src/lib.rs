@@ -13,6 +13,7 @@ pub mod control;
 pub mod enforcer;
 pub mod events;
 pub mod metrics;
+pub mod naming;
 pub mod policy;
 pub mod privileges;
 pub mod probe;
