@@ -7,6 +7,8 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
+use crate::naming::{self, PathName, ServiceKind};
+
 /// A service's promise.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SloClass {
@@ -39,8 +41,8 @@ pub enum Rate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceSpec {
     pub name: String,
-    /// Glob over cgroup paths relative to the io hierarchy root, e.g. `/db/*`.
-    pub cgroup: glob::Pattern,
+    /// What cgroups the service is made of: all matchers must match.
+    pub matchers: Vec<Matcher>,
     pub class: SloClass,
     /// Never throttled below this.
     pub floor: Option<Rate>,
@@ -50,7 +52,59 @@ pub struct ServiceSpec {
     pub weight: Option<u32>,
     /// Line of the `[[service]]` header, for messages.
     pub line: usize,
-    pub cgroup_line: usize,
+    /// Line of the service's first matcher, for messages about what it matches.
+    pub match_line: usize,
+}
+
+/// Which cgroups a service is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Matcher {
+    /// Glob over cgroup paths relative to the io hierarchy root, e.g. `/db/*`.
+    Cgroup(glob::Pattern),
+    /// Glob over systemd unit names, e.g. `postgresql@*.service`.
+    Unit(glob::Pattern),
+    /// Glob over container ids (full or the 12-hex short id), e.g. `3f4e5d6c7b8a*`.
+    Container(glob::Pattern),
+    /// Glob over Kubernetes pod UIDs: the pod's cgroup (its containers are below it).
+    Pod(glob::Pattern),
+}
+
+impl Matcher {
+    pub fn key(&self) -> &'static str {
+        match self {
+            Matcher::Cgroup(_) => "cgroup",
+            Matcher::Unit(_) => "unit",
+            Matcher::Container(_) => "container",
+            Matcher::Pod(_) => "pod",
+        }
+    }
+
+    fn pattern(&self) -> &glob::Pattern {
+        match self {
+            Matcher::Cgroup(p) | Matcher::Unit(p) | Matcher::Container(p) | Matcher::Pod(p) => p,
+        }
+    }
+
+    /// Whether the cgroup at `path` (named by [`naming::name_path`]) matches.
+    pub fn matches(&self, path: &str, named: &PathName) -> bool {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        let matches = |s: &str| self.pattern().matches_with(s, opts);
+        // Each owner matcher takes the owner's own cgroup only: its descendants belong to
+        // it anyway (nearest matching ancestor), and limits go on one level.
+        match (self, named.kind) {
+            (Matcher::Cgroup(_), _) => matches(path),
+            (Matcher::Unit(_), ServiceKind::Unit) => matches(&named.name),
+            (Matcher::Container(_), ServiceKind::Container) => {
+                matches(&named.name) || named.id.as_deref().is_some_and(matches)
+            }
+            (Matcher::Pod(_), ServiceKind::Pod) => named.id.as_deref().is_some_and(matches),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -77,7 +131,10 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawService {
     name: Spanned<String>,
-    cgroup: Spanned<String>,
+    cgroup: Option<Spanned<String>>,
+    unit: Option<Spanned<String>>,
+    container: Option<Spanned<String>>,
+    pod: Option<Spanned<String>>,
     class: Spanned<String>,
     p999: Option<Spanned<String>>,
     rate: Option<Spanned<String>>,
@@ -197,18 +254,48 @@ impl Config {
                     format!("service '{name}' is defined twice (also on line {prev}); rename one"),
                 ));
             }
-            let glob_text = s.cgroup.get_ref().trim();
-            let anchored = if glob_text.starts_with('/') {
-                glob_text.to_string()
-            } else {
-                format!("/{glob_text}")
+            let mut matchers = Vec::new();
+            let mut match_line = None;
+            for (key, raw) in [
+                ("cgroup", &s.cgroup),
+                ("unit", &s.unit),
+                ("container", &s.container),
+                ("pod", &s.pod),
+            ] {
+                let Some(raw) = raw else { continue };
+                let glob_text = raw.get_ref().trim();
+                if glob_text.is_empty() {
+                    return Err(err(
+                        raw.span(),
+                        format!("{key} of service '{name}' is empty; give a glob"),
+                    ));
+                }
+                // Cgroup paths are anchored at the hierarchy root.
+                let glob_text = if key == "cgroup" && !glob_text.starts_with('/') {
+                    format!("/{glob_text}")
+                } else {
+                    glob_text.to_string()
+                };
+                let pattern = glob::Pattern::new(&glob_text).map_err(|e| {
+                    err(
+                        raw.span(),
+                        format!("{key} glob '{glob_text}' is invalid ({e}); fix the pattern"),
+                    )
+                })?;
+                match_line.get_or_insert(line_of(text, raw.span().start));
+                matchers.push(match key {
+                    "cgroup" => Matcher::Cgroup(pattern),
+                    "unit" => Matcher::Unit(pattern),
+                    "container" => Matcher::Container(pattern),
+                    _ => Matcher::Pod(pattern),
+                });
+            }
+            let Some(match_line) = match_line else {
+                return Err(err(
+                    s.name.span(),
+                    format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod)"),
+                ));
             };
-            let cgroup = glob::Pattern::new(&anchored).map_err(|e| {
-                err(
-                    s.cgroup.span(),
-                    format!("cgroup glob '{glob_text}' is invalid ({e}); fix the pattern"),
-                )
-            })?;
             let target = |f: &Option<Spanned<String>>| f.as_ref().map(|v| v.span());
             // A class's own target must be set and the other class's must not be.
             let own_target = |class: &str,
@@ -314,13 +401,13 @@ impl Config {
             };
             services.push(ServiceSpec {
                 name,
-                cgroup,
+                matchers,
                 class,
                 floor,
                 ceiling,
                 weight,
                 line,
-                cgroup_line: line_of(text, s.cgroup.span().start),
+                match_line,
             });
         }
         Ok(Config { services })
@@ -341,10 +428,10 @@ impl Config {
                     let other = &self.services[j];
                     return Err(ConfigError {
                         file: file.into(),
-                        line: s.cgroup_line,
+                        line: s.match_line,
                         message: format!(
                             "cgroup {p} is claimed by service '{}' (line {}) and '{}'; narrow one of the globs",
-                            other.name, other.cgroup_line, s.name
+                            other.name, other.match_line, s.name
                         ),
                     });
                 }
@@ -353,10 +440,10 @@ impl Config {
             if !any {
                 return Err(ConfigError {
                     file: file.into(),
-                    line: s.cgroup_line,
+                    line: s.match_line,
                     message: format!(
-                        "cgroup glob '{}' of service '{}' matches no cgroup; create the cgroup first or fix the glob",
-                        s.cgroup.as_str(),
+                        "{} of service '{}' matches no cgroup; create the cgroup first or fix the glob",
+                        s.describe_matchers(),
                         s.name
                     ),
                 });
@@ -367,13 +454,19 @@ impl Config {
 }
 
 impl ServiceSpec {
+    /// Whether the cgroup at `cgroup_path` is one of the service's own (all matchers match).
     pub fn matches(&self, cgroup_path: &str) -> bool {
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: false,
-        };
-        self.cgroup.matches_with(cgroup_path, opts)
+        let named = naming::name_path(cgroup_path);
+        self.matchers.iter().all(|m| m.matches(cgroup_path, &named))
+    }
+
+    /// `cgroup glob '/db'`, `unit glob 'pg*.service' and cgroup glob '/system.slice/*'`.
+    pub fn describe_matchers(&self) -> String {
+        self.matchers
+            .iter()
+            .map(|m| format!("{} glob '{}'", m.key(), m.pattern().as_str()))
+            .collect::<Vec<_>>()
+            .join(" and ")
     }
 }
 
@@ -449,6 +542,9 @@ floor = "20MB/s"
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nfloor='9MB/s'\nceiling='1MB/s'\n", 5, "floor is above ceiling"),
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\n[[service]]\nname='a'\ncgroup='/b'\nclass='best-effort'\n", 6, "defined twice"),
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='5'\n", 5, "no unit"),
+            ("[[service]]\nname='a'\nclass='best-effort'\n", 2, "matches nothing; add cgroup"),
+            ("[[service]]\nname='a'\nclass='best-effort'\nunit=''\n", 4, "unit of service 'a' is empty"),
+            ("[[service]]\nname='a'\nclass='best-effort'\nlabel='x'\n", 4, "unknown field `label`"),
         ];
         for (text, line, needle) in cases {
             let e = parse(text).unwrap_err();
@@ -472,6 +568,51 @@ floor = "20MB/s"
         let c = parse("[[service]]\nname='a'\ncgroup='/nope'\nclass='best-effort'\n").unwrap();
         let e = c.check_against("c.toml", &paths).unwrap_err();
         assert!(e.message.contains("matches no cgroup"), "{e}");
+    }
+
+    #[test]
+    fn unit_container_and_pod_matchers_take_the_owners_own_cgroup() {
+        let id = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
+        let uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+        let c = parse(&format!(
+            "[[service]]\nname='pg'\nunit='postgresql@*.service'\nclass='latency'\np999='5ms'\n\n\
+             [[service]]\nname='web'\ncontainer='3f4e5d6c7b8a'\nclass='best-effort'\n\n\
+             [[service]]\nname='job'\npod='{uid}'\nclass='best-effort'\n\n\
+             [[service]]\nname='sys-web'\nunit='nginx.service'\ncgroup='/system.slice/*'\nclass='best-effort'\n"
+        ))
+        .unwrap();
+        let [pg, web, job, sys] = &c.services[..] else {
+            panic!("4 services")
+        };
+        assert_eq!(pg.match_line, 3);
+        assert!(pg.matches("/system.slice/postgresql@15-main.service"));
+        assert!(!pg.matches("/system.slice/postgresql@15-main.service/child"));
+        assert!(!pg.matches("/postgresql@15-main.service.d"));
+        // Short id or full id, systemd or cgroupfs driver.
+        assert!(web.matches(&format!("/system.slice/docker-{id}.scope")));
+        assert!(web.matches(&format!("/docker/{id}")));
+        assert!(!web.matches("/docker"));
+        let full = Config::parse(
+            "c.toml",
+            &format!("[[service]]\nname='w'\ncontainer='{id}'\nclass='best-effort'\n"),
+        )
+        .unwrap();
+        assert!(full.services[0].matches(&format!("/docker/{id}")));
+        // The pod's cgroup, not its containers (they belong to it as descendants).
+        let pod_dir = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        );
+        assert!(job.matches(&pod_dir));
+        assert!(!job.matches(&format!("{pod_dir}/cri-containerd-{id}.scope")));
+        assert!(job.matches(&format!("/kubepods/besteffort/pod{uid}")));
+        // Every matcher must match.
+        assert!(sys.matches("/system.slice/nginx.service"));
+        assert!(!sys.matches("/other.slice/nginx.service"));
+        assert_eq!(
+            sys.describe_matchers(),
+            "cgroup glob '/system.slice/*' and unit glob 'nginx.service'"
+        );
     }
 
     #[test]
