@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod enforcer;
 pub mod events;
+pub mod labels;
 pub mod metrics;
 pub mod naming;
 pub mod policy;
