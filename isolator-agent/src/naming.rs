@@ -122,23 +122,15 @@ pub fn name_path(path: &str) -> PathName {
         .checked_sub(2)
         .map(|i| components[i])
         .unwrap_or("");
-    let container = container_scope(leaf).or_else(|| {
-        // cgroupfs driver: /docker/<id>, /kubepods/.../pod<uid>/<id>, /machine.slice/...;
-        // the runtime is only known for Docker's own parent.
-        let runtime = if parent == "docker" {
-            Runtime::Docker
-        } else {
-            Runtime::Containerd
-        };
-        is_container_id(leaf).then_some((runtime, leaf))
-    });
+    let container = container_scope(leaf)
+        .map(|(rt, id)| (Some(rt), id))
+        .or_else(|| {
+            // cgroupfs driver: /docker/<id>, /kubepods/.../pod<uid>/<id>, containerd's
+            // /<namespace>/<id>: only Docker's own parent says which runtime it is.
+            let runtime = (parent == "docker").then_some(Runtime::Docker);
+            is_container_id(leaf).then_some((runtime, leaf))
+        });
     if let Some((runtime, id)) = container {
-        // Under kubelet's cgroupfs driver the runtime is not in the path.
-        let runtime = if pod.is_some() && !leaf.ends_with(".scope") {
-            None
-        } else {
-            Some(runtime)
-        };
         return PathName {
             kind: ServiceKind::Container,
             name: id[..12].to_string(),
