@@ -102,22 +102,26 @@ impl DiskNames {
 /// directory is gone or renamed. Only cgroups present in the maps are remembered.
 struct Registry {
     hierarchy: IoHierarchy,
-    paths: HashMap<u64, String>,
+    /// Each cgroup as events name it, built once when its path is found.
+    known: HashMap<u64, CgroupRef>,
     /// Cgroups confirmed removed (kernfs ids are never reused), kept until forgotten.
     gone: HashSet<u64>,
 }
 
 impl Registry {
     fn at_known_path(&self, id: u64) -> bool {
-        self.paths.get(&id).is_some_and(|p| {
-            std::fs::metadata(self.hierarchy.dir_of(p)).is_ok_and(|m| m.ino() == id)
-        })
+        self.known
+            .get(&id)
+            .and_then(|c| c.path.as_deref())
+            .is_some_and(|p| {
+                std::fs::metadata(self.hierarchy.dir_of(p)).is_ok_and(|m| m.ino() == id)
+            })
     }
 
     /// Names every id in `active` (the cgroups in this cycle's snapshot). Returns the walk
     /// of the hierarchy (id -> path) if new or moved cgroups made one necessary.
     fn update(&mut self, active: &BTreeSet<u64>) -> Option<HashMap<u64, String>> {
-        self.paths.retain(|id, _| active.contains(id));
+        self.known.retain(|id, _| active.contains(id));
         self.gone.retain(|id| active.contains(id));
         let unresolved: Vec<u64> = active
             .iter()
@@ -133,7 +137,7 @@ impl Registry {
         for id in unresolved {
             match live.get(&id) {
                 Some(p) => {
-                    self.paths.insert(id, p.clone());
+                    self.known.insert(id, CgroupRef::new(id, Some(p.clone())));
                 }
                 // Its last known path (if any) stays for the events that name it.
                 None => {
@@ -149,17 +153,19 @@ impl Registry {
     }
 
     fn forget(&mut self, id: u64) {
-        self.paths.remove(&id);
+        self.known.remove(&id);
         self.gone.remove(&id);
     }
 
     fn cgroup(&self, id: u64) -> CgroupRef {
-        let path = if id == UNATTRIBUTED_CGROUP {
-            None
-        } else {
-            self.paths.get(&id).cloned()
-        };
-        CgroupRef::new(id, path)
+        self.known
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| CgroupRef::new(id, None))
+    }
+
+    fn path(&self, id: u64) -> Option<String> {
+        self.known.get(&id)?.path.clone()
     }
 }
 
@@ -260,7 +266,7 @@ impl Agent {
             metrics: Metrics::default(),
             registry: Registry {
                 hierarchy,
-                paths: HashMap::new(),
+                known: HashMap::new(),
                 gone: HashSet::new(),
             },
             disks: DiskNames::default(),
@@ -333,7 +339,7 @@ impl Agent {
 
         if let Some(c) = self.control.as_mut() {
             let registry = &self.registry;
-            let cycles = c.device_cycles(&snap, &|id| registry.paths.get(&id).cloned());
+            let cycles = c.device_cycles(&snap, &|id| registry.path(id));
             let disks = &mut self.disks;
             let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
                 disks.name(dev)

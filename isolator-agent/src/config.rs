@@ -143,6 +143,10 @@ struct RawService {
     weight: Option<Spanned<i64>>,
 }
 
+fn spanned_text(f: &Option<Spanned<String>>) -> Option<&str> {
+    f.as_ref().map(|v| v.get_ref().as_str())
+}
+
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
@@ -209,6 +213,215 @@ pub fn parse_rate(s: &str) -> Result<Rate, String> {
     Ok(Rate::BytesPerSec((v * scale).round().max(1.0) as u64))
 }
 
+/// One field of a service's SLO, to point at the one at fault: a line of the config, a
+/// container label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SloField {
+    Class,
+    P999,
+    Rate,
+    Floor,
+    Ceiling,
+    Weight,
+}
+
+impl SloField {
+    pub const ALL: [SloField; 6] = [
+        SloField::Class,
+        SloField::P999,
+        SloField::Rate,
+        SloField::Floor,
+        SloField::Ceiling,
+        SloField::Weight,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            SloField::Class => "class",
+            SloField::P999 => "p999",
+            SloField::Rate => "rate",
+            SloField::Floor => "floor",
+            SloField::Ceiling => "ceiling",
+            SloField::Weight => "weight",
+        }
+    }
+}
+
+/// A service's SLO fields as written, wherever they come from (config file, labels).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SloText<'a> {
+    pub class: &'a str,
+    pub p999: Option<&'a str>,
+    pub rate: Option<&'a str>,
+    pub floor: Option<&'a str>,
+    pub ceiling: Option<&'a str>,
+    pub weight: Option<i64>,
+}
+
+impl SloText<'_> {
+    fn get(&self, f: SloField) -> Option<&str> {
+        match f {
+            SloField::Class => Some(self.class),
+            SloField::P999 => self.p999,
+            SloField::Rate => self.rate,
+            SloField::Floor => self.floor,
+            SloField::Ceiling => self.ceiling,
+            SloField::Weight => None,
+        }
+    }
+}
+
+/// What a service is promised and its limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    pub class: SloClass,
+    pub floor: Option<Rate>,
+    pub ceiling: Option<Rate>,
+    pub weight: Option<u32>,
+}
+
+/// A broken SLO rule. The rules live here once, for every source of SLOs; each source
+/// spells the fields its own way in [`SloRuleError::describe`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SloRuleError {
+    UnknownClass(String),
+    MissingTarget {
+        class: &'static str,
+        field: SloField,
+        example: &'static str,
+    },
+    NotForClass {
+        field: SloField,
+        class: &'static str,
+    },
+    Invalid {
+        field: SloField,
+        message: String,
+    },
+    RateNotBytes,
+    FloorAboveCeiling,
+    WeightOutOfRange(i64),
+}
+
+impl SloRuleError {
+    /// The field to point at.
+    pub fn field(&self) -> SloField {
+        match self {
+            SloRuleError::UnknownClass(_) | SloRuleError::MissingTarget { .. } => SloField::Class,
+            SloRuleError::NotForClass { field, .. } | SloRuleError::Invalid { field, .. } => *field,
+            SloRuleError::RateNotBytes => SloField::Rate,
+            SloRuleError::FloorAboveCeiling => SloField::Floor,
+            SloRuleError::WeightOutOfRange(_) => SloField::Weight,
+        }
+    }
+
+    /// One line with the fix. `spell(field, value)` writes a field as the source does:
+    /// `p999 = "20ms"` in the config, `isolator.p999=20ms` on a label.
+    pub fn describe(&self, spell: impl Fn(SloField, Option<&str>) -> String) -> String {
+        match self {
+            SloRuleError::UnknownClass(c) => format!(
+                "{}: unknown class '{c}'; use latency, throughput or best-effort",
+                spell(SloField::Class, None)
+            ),
+            SloRuleError::MissingTarget {
+                class,
+                field,
+                example,
+            } => format!(
+                "{} needs a target; add {}",
+                spell(SloField::Class, Some(class)),
+                spell(*field, Some(example))
+            ),
+            SloRuleError::NotForClass { field, class } => format!(
+                "{} does not apply to class {class}; remove it or change the class",
+                spell(*field, None)
+            ),
+            SloRuleError::Invalid { field, message } => {
+                format!("{}: {message}", spell(*field, None))
+            }
+            SloRuleError::RateNotBytes => format!(
+                "{} must be in bytes per second; write e.g. {}",
+                spell(SloField::Rate, None),
+                spell(SloField::Rate, Some("150MB/s"))
+            ),
+            SloRuleError::FloorAboveCeiling => format!(
+                "{} is above {}; lower the floor or raise the ceiling",
+                spell(SloField::Floor, None),
+                spell(SloField::Ceiling, None)
+            ),
+            SloRuleError::WeightOutOfRange(w) => format!(
+                "{} {w} is outside 1..10000; pick a weight in that range",
+                spell(SloField::Weight, None)
+            ),
+        }
+    }
+}
+
+/// Checks a service's SLO against the rules: a class's own target is set and the other
+/// class's is not, values have units and are above zero, a throughput target is in bytes,
+/// the floor is not above the ceiling, the weight is in 1..10000.
+pub fn parse_slo(t: &SloText) -> Result<Slo, SloRuleError> {
+    let invalid = |field| move |message| SloRuleError::Invalid { field, message };
+    let absent = |field, class| match t.get(field) {
+        Some(_) => Err(SloRuleError::NotForClass { field, class }),
+        None => Ok(()),
+    };
+    let target = |field, class, example| {
+        t.get(field).ok_or(SloRuleError::MissingTarget {
+            class,
+            field,
+            example,
+        })
+    };
+    let class = match t.class {
+        "latency" => {
+            absent(SloField::Rate, "latency")?;
+            let v = target(SloField::P999, "latency", "20ms")?;
+            SloClass::Latency {
+                p999_ns: parse_duration_ns(v).map_err(invalid(SloField::P999))?,
+            }
+        }
+        "throughput" => {
+            absent(SloField::P999, "throughput")?;
+            let v = target(SloField::Rate, "throughput", "150MB/s")?;
+            match parse_rate(v).map_err(invalid(SloField::Rate))? {
+                Rate::BytesPerSec(rate_bps) => SloClass::Throughput { rate_bps },
+                Rate::IosPerSec(_) => return Err(SloRuleError::RateNotBytes),
+            }
+        }
+        "best-effort" => {
+            absent(SloField::P999, "best-effort")?;
+            absent(SloField::Rate, "best-effort")?;
+            SloClass::BestEffort
+        }
+        other => return Err(SloRuleError::UnknownClass(other.to_string())),
+    };
+    let rate = |field| {
+        t.get(field)
+            .map(|v| parse_rate(v).map_err(invalid(field)))
+            .transpose()
+    };
+    let floor = rate(SloField::Floor)?;
+    let ceiling = rate(SloField::Ceiling)?;
+    if let (Some(Rate::BytesPerSec(f)), Some(Rate::BytesPerSec(c)))
+    | (Some(Rate::IosPerSec(f)), Some(Rate::IosPerSec(c))) = (floor, ceiling)
+    {
+        if f > c {
+            return Err(SloRuleError::FloorAboveCeiling);
+        }
+    }
+    let weight = match t.weight {
+        Some(w) if !(1..=10000).contains(&w) => return Err(SloRuleError::WeightOutOfRange(w)),
+        w => w.map(|w| w as u32),
+    };
+    Ok(Slo {
+        class,
+        floor,
+        ceiling,
+        weight,
+    })
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -256,12 +469,15 @@ impl Config {
             }
             let mut matchers = Vec::new();
             let mut match_line = None;
-            for (key, raw) in [
-                ("cgroup", &s.cgroup),
-                ("unit", &s.unit),
-                ("container", &s.container),
-                ("pod", &s.pod),
-            ] {
+            let kinds = [
+                (&s.cgroup, Matcher::Cgroup as fn(_) -> Matcher),
+                (&s.unit, Matcher::Unit),
+                (&s.container, Matcher::Container),
+                (&s.pod, Matcher::Pod),
+            ];
+            for (raw, matcher) in kinds {
+                // The TOML key, as the matcher itself spells it.
+                let key = matcher(glob::Pattern::default()).key();
                 let Some(raw) = raw else { continue };
                 let glob_text = raw.get_ref().trim();
                 if glob_text.is_empty() {
@@ -283,12 +499,7 @@ impl Config {
                     )
                 })?;
                 match_line.get_or_insert(line_of(text, raw.span().start));
-                matchers.push(match key {
-                    "cgroup" => Matcher::Cgroup(pattern),
-                    "unit" => Matcher::Unit(pattern),
-                    "container" => Matcher::Container(pattern),
-                    _ => Matcher::Pod(pattern),
-                });
+                matchers.push(matcher(pattern));
             }
             let Some(match_line) = match_line else {
                 return Err(err(
@@ -296,116 +507,36 @@ impl Config {
                     format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod)"),
                 ));
             };
-            let target = |f: &Option<Spanned<String>>| f.as_ref().map(|v| v.span());
-            // A class's own target must be set and the other class's must not be.
-            let own_target = |class: &str,
-                              own: &Option<Spanned<String>>,
-                              own_example: &str,
-                              other: &Option<Spanned<String>>,
-                              other_class: &str|
-             -> Result<(String, Range<usize>), ConfigError> {
-                let own_key = if class == "latency" { "p999" } else { "rate" };
-                let other_key = if other_class == "latency" {
-                    "p999"
-                } else {
-                    "rate"
+            let slo = parse_slo(&SloText {
+                class: s.class.get_ref(),
+                p999: spanned_text(&s.p999),
+                rate: spanned_text(&s.rate),
+                floor: spanned_text(&s.floor),
+                ceiling: spanned_text(&s.ceiling),
+                weight: s.weight.as_ref().map(|w| *w.get_ref()),
+            })
+            .map_err(|e| {
+                let span = match e.field() {
+                    SloField::Class => Some(s.class.span()),
+                    SloField::P999 => s.p999.as_ref().map(Spanned::span),
+                    SloField::Rate => s.rate.as_ref().map(Spanned::span),
+                    SloField::Floor => s.floor.as_ref().map(Spanned::span),
+                    SloField::Ceiling => s.ceiling.as_ref().map(Spanned::span),
+                    SloField::Weight => s.weight.as_ref().map(Spanned::span),
                 };
-                let Some(t) = own else {
-                    return Err(err(
-                        s.class.span(),
-                        format!("service '{name}' is class {class} but has no target; add {own_key} = \"{own_example}\""),
-                    ));
-                };
-                if let Some(span) = target(other) {
-                    return Err(err(
-                        span,
-                        format!("{other_key} belongs to class {other_class}; remove it or change the class"),
-                    ));
-                }
-                Ok((t.get_ref().clone(), t.span()))
-            };
-            let class = match s.class.get_ref().as_str() {
-                "latency" => {
-                    let (p, span) = own_target("latency", &s.p999, "20ms", &s.rate, "throughput")?;
-                    SloClass::Latency {
-                        p999_ns: parse_duration_ns(&p)
-                            .map_err(|m| err(span, format!("p999: {m}")))?,
-                    }
-                }
-                "throughput" => {
-                    let (r, span) =
-                        own_target("throughput", &s.rate, "150MB/s", &s.p999, "latency")?;
-                    match parse_rate(&r).map_err(|m| err(span.clone(), format!("rate: {m}")))? {
-                        Rate::BytesPerSec(b) => SloClass::Throughput { rate_bps: b },
-                        Rate::IosPerSec(_) => {
-                            return Err(err(
-                                span,
-                                "rate must be in bytes per second; write e.g. \"150MB/s\"".into(),
-                            ))
-                        }
-                    }
-                }
-                "best-effort" => {
-                    if let Some(span) = target(&s.p999).or(target(&s.rate)) {
-                        return Err(err(
-                            span,
-                            "a best-effort service has no target; remove it or change the class"
-                                .into(),
-                        ));
-                    }
-                    SloClass::BestEffort
-                }
-                other => {
-                    return Err(err(
-                        s.class.span(),
-                        format!("unknown class '{other}'; use latency, throughput or best-effort"),
-                    ))
-                }
-            };
-            let rate_of = |f: &Option<Spanned<String>>,
-                           key: &str|
-             -> Result<Option<Rate>, ConfigError> {
-                f.as_ref()
-                    .map(|v| {
-                        parse_rate(v.get_ref()).map_err(|m| err(v.span(), format!("{key}: {m}")))
-                    })
-                    .transpose()
-            };
-            let floor = rate_of(&s.floor, "floor")?;
-            let ceiling = rate_of(&s.ceiling, "ceiling")?;
-            if let (Some(f), Some(c)) = (floor, ceiling) {
-                let bad = match (f, c) {
-                    (Rate::BytesPerSec(a), Rate::BytesPerSec(b))
-                    | (Rate::IosPerSec(a), Rate::IosPerSec(b)) => a > b,
-                    _ => false,
-                };
-                if bad {
-                    return Err(err(
-                        s.floor.as_ref().unwrap().span(),
-                        "floor is above ceiling; lower the floor or raise the ceiling".into(),
-                    ));
-                }
-            }
-            let weight = match &s.weight {
-                Some(w) if !(1..=10000).contains(w.get_ref()) => {
-                    return Err(err(
-                        w.span(),
-                        format!(
-                            "weight {} is outside 1..10000; pick a weight in that range",
-                            w.get_ref()
-                        ),
-                    ))
-                }
-                Some(w) => Some(*w.get_ref() as u32),
-                None => None,
-            };
+                let message = e.describe(|f, v| match v {
+                    Some(v) => format!("{} = \"{v}\"", f.key()),
+                    None => f.key().to_string(),
+                });
+                err(span.unwrap_or_else(|| s.class.span()), message)
+            })?;
             services.push(ServiceSpec {
                 name,
                 matchers,
-                class,
-                floor,
-                ceiling,
-                weight,
+                class: slo.class,
+                floor: slo.floor,
+                ceiling: slo.ceiling,
+                weight: slo.weight,
                 line,
                 match_line,
             });

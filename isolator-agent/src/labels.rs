@@ -7,128 +7,90 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
-use crate::config::{parse_duration_ns, parse_rate, Rate, SloClass};
+use crate::config::{parse_slo, Slo, SloField, SloText};
 
 pub const PREFIX: &str = "isolator.";
-const KEYS: [&str; 6] = ["class", "p999", "rate", "floor", "ceiling", "weight"];
 
-/// What a container's labels ask for.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LabelSlo {
-    pub class: SloClass,
-    pub floor: Option<Rate>,
-    pub ceiling: Option<Rate>,
-    pub weight: Option<u32>,
-}
-
+/// A malformed label; `message` names it and says the fix.
 #[derive(Debug, Error, PartialEq)]
-#[error("label {label}={value}: {message}")]
+#[error("{message}")]
 pub struct LabelError {
     pub label: String,
     pub value: String,
     pub message: String,
 }
 
-/// Reads the `isolator.*` labels. `Ok(None)`: the container declares nothing.
-pub fn slo_from_labels(labels: &HashMap<String, String>) -> Result<Option<LabelSlo>, LabelError> {
-    let get = |k: &str| labels.get(&format!("{PREFIX}{k}")).map(|v| v.trim());
-    let fail = |k: &str, message: String| LabelError {
-        label: format!("{PREFIX}{k}"),
-        value: get(k).unwrap_or("").to_string(),
+/// Reads the `isolator.*` labels, by the config's rules. `Ok(None)`: the container declares
+/// nothing.
+pub fn slo_from_labels(labels: &HashMap<String, String>) -> Result<Option<Slo>, LabelError> {
+    let get = |f: SloField| {
+        labels
+            .get(&format!("{PREFIX}{}", f.key()))
+            .map(|v| v.trim())
+    };
+    let fail = |label: String, message: String| LabelError {
+        value: labels.get(&label).cloned().unwrap_or_default(),
+        label,
         message,
     };
+    let keys = SloField::ALL.map(SloField::key);
     if let Some(unknown) = labels
         .keys()
-        .filter_map(|k| k.strip_prefix(PREFIX))
-        .find(|k| !KEYS.contains(k))
+        .find(|k| k.strip_prefix(PREFIX).is_some_and(|k| !keys.contains(&k)))
     {
-        return Err(LabelError {
-            label: format!("{PREFIX}{unknown}"),
-            value: labels[&format!("{PREFIX}{unknown}")].clone(),
-            message: format!("unknown label; use one of {PREFIX}{{{}}}", KEYS.join(",")),
-        });
+        let message = format!(
+            "{unknown}: unknown label; use one of {PREFIX}{{{}}}",
+            keys.join(",")
+        );
+        return Err(fail(unknown.clone(), message));
     }
-    let Some(class) = get("class") else {
-        if let Some(k) = KEYS[1..].iter().find(|k| get(k).is_some()) {
-            return Err(fail(
-                k,
-                format!("needs {PREFIX}class (latency, throughput or best-effort)"),
-            ));
-        }
-        return Ok(None);
+    let label = |f: SloField| format!("{PREFIX}{}", f.key());
+    let Some(class) = get(SloField::Class) else {
+        return match SloField::ALL.into_iter().find(|&f| get(f).is_some()) {
+            Some(f) => Err(fail(
+                label(f),
+                format!(
+                    "{} needs {PREFIX}class (latency, throughput or best-effort)",
+                    label(f)
+                ),
+            )),
+            None => Ok(None),
+        };
     };
-    let forbid = |k: &str, class: &str| match get(k) {
-        Some(_) => Err(fail(
-            k,
-            format!("does not apply to class {class}; remove it"),
-        )),
-        None => Ok(()),
-    };
-    let class = match class {
-        "latency" => {
-            forbid("rate", "latency")?;
-            let v = get("p999").ok_or_else(|| {
+    let weight = get(SloField::Weight)
+        .map(|v| {
+            v.parse::<i64>().map_err(|_| {
                 fail(
-                    "class",
-                    format!("class latency needs a target; add {PREFIX}p999=20ms"),
+                    label(SloField::Weight),
+                    format!(
+                        "{}={v}: must be an integer in 1..10000",
+                        label(SloField::Weight)
+                    ),
                 )
-            })?;
-            SloClass::Latency {
-                p999_ns: parse_duration_ns(v).map_err(|m| fail("p999", m))?,
-            }
-        }
-        "throughput" => {
-            forbid("p999", "throughput")?;
-            let v = get("rate").ok_or_else(|| {
-                fail(
-                    "class",
-                    format!("class throughput needs a target; add {PREFIX}rate=150MB/s"),
-                )
-            })?;
-            match parse_rate(v).map_err(|m| fail("rate", m))? {
-                Rate::BytesPerSec(rate_bps) => SloClass::Throughput { rate_bps },
-                Rate::IosPerSec(_) => {
-                    return Err(fail(
-                        "rate",
-                        "must be in bytes per second, e.g. 150MB/s".into(),
-                    ))
-                }
-            }
-        }
-        "best-effort" => {
-            forbid("p999", "best-effort")?;
-            forbid("rate", "best-effort")?;
-            SloClass::BestEffort
-        }
-        other => {
-            return Err(fail(
-                "class",
-                format!("unknown class '{other}'; use latency, throughput or best-effort"),
-            ))
-        }
-    };
-    let rate = |k: &str| {
-        get(k)
-            .map(|v| parse_rate(v).map_err(|m| fail(k, m)))
-            .transpose()
-    };
-    let weight = get("weight")
-        .map(|v| match v.parse::<u32>() {
-            Ok(w) if (1..=10000).contains(&w) => Ok(w),
-            _ => Err(fail("weight", "must be an integer in 1..10000".into())),
+            })
         })
         .transpose()?;
-    Ok(Some(LabelSlo {
+    let text = SloText {
         class,
-        floor: rate("floor")?,
-        ceiling: rate("ceiling")?,
+        p999: get(SloField::P999),
+        rate: get(SloField::Rate),
+        floor: get(SloField::Floor),
+        ceiling: get(SloField::Ceiling),
         weight,
-    }))
+    };
+    parse_slo(&text).map(Some).map_err(|e| {
+        let message = e.describe(|f, v| match v {
+            Some(v) => format!("{}={v}", label(f)),
+            None => label(f),
+        });
+        fail(label(e.field()), message)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Rate, SloClass};
 
     fn labels(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter()
@@ -146,7 +108,7 @@ mod tests {
         ]);
         assert_eq!(
             slo_from_labels(&l),
-            Ok(Some(LabelSlo {
+            Ok(Some(Slo {
                 class: SloClass::Latency {
                     p999_ns: 20_000_000
                 },

@@ -117,11 +117,7 @@ pub fn name_path(path: &str) -> PathName {
     let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
     let pod = pod_of(&components);
     let leaf = components.last().copied().unwrap_or("");
-    let parent = components
-        .len()
-        .checked_sub(2)
-        .map(|i| components[i])
-        .unwrap_or("");
+    let parent = components.iter().rev().nth(1).copied().unwrap_or("");
     let container = container_scope(leaf)
         .map(|(rt, id)| (Some(rt), id))
         .or_else(|| {
@@ -304,10 +300,9 @@ mod tests {
         }
         assert_eq!(name_path("").name, "/");
         // A 64-hex directory that is not under a runtime or kubelet is still a container
-        // (containerd's cgroupfs layout uses bare ids under any namespace directory).
-        assert_eq!(
-            name_path(&format!("/k8s.io/{ID}")).kind,
-            ServiceKind::Container
-        );
+        // (containerd's cgroupfs layout uses bare ids under its namespace directory), of a
+        // runtime the path does not name.
+        let n = container(&format!("/k8s.io/{ID}"));
+        assert_eq!(n.runtime, None);
     }
 }

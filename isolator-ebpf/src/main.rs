@@ -165,6 +165,18 @@ unsafe fn charged_cgroup(o: &KernelOffsets, rq: u64) -> u64 {
     read_at::<u64>(kn, o.kn_id).unwrap_or(UNATTRIBUTED_CGROUP)
 }
 
+/// One latency sample into one of IoStats' (count, sum, histogram) triples.
+#[inline(always)]
+fn record(count: &mut u64, sum_ns: &mut u64, hist: &mut [u32; HIST_BUCKETS], ns: u64) {
+    let idx = latency_bucket(ns);
+    *count += 1;
+    *sum_ns += ns;
+    // Always true by construction; the verifier needs to see the bound.
+    if idx < HIST_BUCKETS {
+        hist[idx] = hist[idx].wrapping_add(1);
+    }
+}
+
 #[inline(always)]
 fn stats_for(key: &IoKey) -> Option<*mut IoStats> {
     if let Some(p) = IO_STATS.get_ptr_mut(key) {
@@ -311,15 +323,15 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
 
     if let Some(q) = queue_ns {
         if let Some(s) = stats_for(&req.key) {
-            let idx = latency_bucket(q);
-            // SAFETY: s points at this CPU's value; idx < HIST_BUCKETS by construction.
+            // SAFETY: s points at this CPU's value.
             unsafe {
-                (*s).queue_count += 1;
-                (*s).queue_sum_ns += q;
-                if idx < HIST_BUCKETS {
-                    (*s).queue_hist[idx] = (*s).queue_hist[idx].wrapping_add(1);
-                }
-            }
+                record(
+                    &mut (*s).queue_count,
+                    &mut (*s).queue_sum_ns,
+                    &mut (*s).queue_hist,
+                    q,
+                )
+            };
         }
     }
 
@@ -409,22 +421,20 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
             if last {
                 (*s).ios += 1;
                 if start_ns != 0 && start_ns <= now {
-                    let total = now - start_ns;
-                    let idx = latency_bucket(total);
-                    (*s).total_count += 1;
-                    (*s).total_sum_ns += total;
-                    if idx < HIST_BUCKETS {
-                        (*s).total_hist[idx] = (*s).total_hist[idx].wrapping_add(1);
-                    }
+                    record(
+                        &mut (*s).total_count,
+                        &mut (*s).total_sum_ns,
+                        &mut (*s).total_hist,
+                        now - start_ns,
+                    );
                 }
                 if issue_ns != 0 && issue_ns <= now {
-                    let lat = now - issue_ns;
-                    let idx = latency_bucket(lat);
-                    (*s).lat_count += 1;
-                    (*s).lat_sum_ns += lat;
-                    if idx < HIST_BUCKETS {
-                        (*s).lat_hist[idx] = (*s).lat_hist[idx].wrapping_add(1);
-                    }
+                    record(
+                        &mut (*s).lat_count,
+                        &mut (*s).lat_sum_ns,
+                        &mut (*s).lat_hist,
+                        now - issue_ns,
+                    );
                 }
             }
         }

@@ -393,48 +393,81 @@ pub mod noisy {
         )
     }
 
-    pub fn reader(file: &Path, runtime_s: u64) -> String {
-        format!(
-            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync \
-             --time_based --runtime={runtime_s} --output=/dev/null",
-            file.display()
-        )
-    }
-
     /// The reader, with fio logging every I/O's completion latency to `{prefix}_clat.1.log`
     /// (lines `time_ms, latency_ns, direction, bs, offset`).
-    pub fn reader_logged(file: &Path, runtime_s: u64, prefix: &Path) -> String {
+    fn reader(file: &Path, runtime_s: u64, prefix: &Path) -> String {
         format!(
-            "{} --write_lat_log={} --log_avg_msec=0",
-            reader(file, runtime_s),
+            "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync \
+             --time_based --runtime={runtime_s} --output=/dev/null \
+             --write_lat_log={} --log_avg_msec=0",
+            file.display(),
             prefix.display()
         )
     }
 
-    /// p99.9 in ns of the completion latencies fio logged between `from_ms` and `to_ms`
-    /// after its start, and the sample count.
-    pub fn logged_p999_ns(prefix: &Path, from_ms: u64, to_ms: u64) -> (u64, usize) {
-        let path = format!("{}_clat.1.log", prefix.display());
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        let mut lat: Vec<u64> = text
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(',').map(str::trim);
-                let t: u64 = f.next()?.parse().ok()?;
-                let v: u64 = f.next()?.parse().ok()?;
-                (from_ms..to_ms).contains(&t).then_some(v)
-            })
-            .collect();
-        assert!(
-            !lat.is_empty(),
-            "{path}: no samples in {from_ms}..{to_ms} ms"
-        );
-        lat.sort_unstable();
-        let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
-        (lat[idx], lat.len())
+    /// One run of the scenario (under an agent the caller started): the reader alone for
+    /// `solo_s`, then the writer for `writer_s` next to it, then the reader 2 s more.
+    pub struct PairRun {
+        pub reader_ok: bool,
+        pub writer_ok: bool,
+        lat_log: PathBuf,
+        /// When the writer started and ended, in ms after the reader started.
+        writer_start_ms: u64,
+        writer_end_ms: u64,
     }
 
-    pub fn writer(file: &Path, runtime_s: u64) -> String {
+    pub fn run_pair(
+        scratch: &Scratch,
+        (db, backup): (&TestCgroup, &TestCgroup),
+        (rfile, wfile): (&Path, &Path),
+        solo_s: u64,
+        writer_s: u64,
+    ) -> PairRun {
+        let lat_log = scratch.path("reader");
+        let t0 = std::time::Instant::now();
+        let mut reader = db.spawn(&reader(rfile, solo_s + writer_s + 2, &lat_log));
+        std::thread::sleep(std::time::Duration::from_secs(solo_s));
+        let writer_start_ms = t0.elapsed().as_millis() as u64;
+        let mut writer = backup.spawn(&writer(wfile, writer_s));
+        let writer_ok = writer.wait().is_ok_and(|s| s.success());
+        let writer_end_ms = t0.elapsed().as_millis() as u64;
+        let reader_ok = reader.wait().is_ok_and(|s| s.success());
+        PairRun {
+            reader_ok,
+            writer_ok,
+            lat_log,
+            writer_start_ms,
+            writer_end_ms,
+        }
+    }
+
+    impl PairRun {
+        /// p99.9 in ns of the reader's completion latencies from `settle_ms` after the
+        /// writer started to its end, as fio logged them, and the sample count.
+        pub fn reader_p999_ns(&self, settle_ms: u64) -> (u64, usize) {
+            let (from_ms, to_ms) = (self.writer_start_ms + settle_ms, self.writer_end_ms);
+            let path = format!("{}_clat.1.log", self.lat_log.display());
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let mut lat: Vec<u64> = text
+                .lines()
+                .filter_map(|l| {
+                    let mut f = l.split(',').map(str::trim);
+                    let t: u64 = f.next()?.parse().ok()?;
+                    let v: u64 = f.next()?.parse().ok()?;
+                    (from_ms..to_ms).contains(&t).then_some(v)
+                })
+                .collect();
+            assert!(
+                !lat.is_empty(),
+                "{path}: no samples in {from_ms}..{to_ms} ms"
+            );
+            lat.sort_unstable();
+            let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
+            (lat[idx], lat.len())
+        }
+    }
+
+    fn writer(file: &Path, runtime_s: u64) -> String {
         format!(
             "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \
              --iodepth=32 --time_based --runtime={runtime_s} --output=/dev/null",

@@ -49,15 +49,9 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
         "--journal-dir",
         journal.to_str().unwrap(),
     ]);
-    let lat_log = scratch.path("reader");
-    let t0 = std::time::Instant::now();
-    let mut reader = db.spawn(&noisy::reader_logged(&rfile, 34, &lat_log));
-    std::thread::sleep(Duration::from_secs(6));
-    let writer_start_ms = t0.elapsed().as_millis() as u64;
-    let mut writer = backup.spawn(&noisy::writer(&wfile, 26));
-    assert!(writer.wait().unwrap().success(), "writer fio failed");
-    let writer_end_ms = t0.elapsed().as_millis() as u64;
-    assert!(reader.wait().unwrap().success(), "reader fio failed");
+    let run = noisy::run_pair(&scratch, (&db, &backup), (&rfile, &wfile), 6, 26);
+    assert!(run.writer_ok, "writer fio failed");
+    assert!(run.reader_ok, "reader fio failed");
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
     assert!(status.success(), "agent: {stderr}");
@@ -122,7 +116,7 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
     // ... and it stays there, as the reader sees it: fio's own completion latencies over the
     // steady phase (from 5 s after the writer started to its end) have a p99.9 within the
     // SLO.
-    let (p999_ns, n) = noisy::logged_p999_ns(&lat_log, writer_start_ms + 5000, writer_end_ms);
+    let (p999_ns, n) = run.reader_p999_ns(5000);
     println!(
         "reader p99.9 by fio over the steady phase: {:.2} ms ({n} I/Os)",
         p999_ns as f64 / 1e6

@@ -15,7 +15,7 @@
 //!   cargo run --release -p isolator-benches --bin noisy-neighbor -- [--writer-seconds 30]
 //!     [--slo-ms 6] [--caps 50,100,150,200,300,400]
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
 use isolator_tests::{disk_of, noisy, Agent, Scratch, TestCgroup};
@@ -135,22 +135,19 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
         args.push("--dry-run");
     }
     let mut agent = Agent::start(&args);
-    let total = SOLO_SECONDS + s.writer_seconds + 2;
-    let lat_log = s.scratch.path("reader");
-    let t0 = std::time::Instant::now();
-    let mut reader = db.spawn(&noisy::reader_logged(s.rfile, total, &lat_log));
-    std::thread::sleep(Duration::from_secs(SOLO_SECONDS));
-    let writer_start_ms = t0.elapsed().as_millis() as u64;
-    let mut writer = backup.spawn(&noisy::writer(s.wfile, s.writer_seconds));
-    let w_ok = writer.wait().is_ok_and(|s| s.success());
-    let writer_end_ms = t0.elapsed().as_millis() as u64;
-    let r_ok = reader.wait().is_ok_and(|s| s.success());
+    let run = noisy::run_pair(
+        s.scratch,
+        (&db, &backup),
+        (s.rfile, s.wfile),
+        SOLO_SECONDS,
+        s.writer_seconds,
+    );
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
     if let Mode::Static(_) = mode {
         set_write_cap(&backup, s.dev, 0)?;
     }
-    if !w_ok || !r_ok {
+    if !run.writer_ok || !run.reader_ok {
         bail!("{}: fio failed", mode.label());
     }
     if !status.success() {
@@ -162,8 +159,7 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
             .with_context(|| format!("keeping events in {}", dir.display()))?;
     }
     // About the cycles' steady phase: from (SETTLE_CYCLES + 2) s after the writer started.
-    let steady_from_ms = writer_start_ms + (SETTLE_CYCLES + 2) * 1000;
-    let (fio_p999_ns, _) = noisy::logged_p999_ns(&lat_log, steady_from_ms, writer_end_ms);
+    let (fio_p999_ns, _) = run.reader_p999_ns((SETTLE_CYCLES + 2) * 1000);
     let mut o = outcome(mode, &agent.events());
     o.fio_steady_p999_ms = fio_p999_ns as f64 / 1e6;
     o.slo_ms = s.slo_ms;

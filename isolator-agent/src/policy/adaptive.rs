@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 
 use super::{
-    base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause,
+    base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause, Cause,
     Decision, DeviceCycle, Policy, ServiceId, ServiceLoad,
 };
 use crate::config::SloClass;
@@ -146,83 +146,78 @@ impl Adaptive {
         victim: &ServiceLoad,
         a: &ServiceLoad,
     ) -> Vec<Decision> {
+        let cause = victim_cause(base_cause(d, a), victim);
+        if self.raise_pending(d, a) {
+            let why = format!(
+                "the last raise broke {}'s SLO: back to the last good cap",
+                victim.name
+            );
+            return self.undo_raise(d, a, why, cause);
+        }
         let st = self.caps.entry((d.dev, a.id)).or_default();
+        // Any raise before this cut is history now.
+        st.before_raise = None;
         let current = a
             .limit
             .total_bps()
             .map_or(a.bps(), |c| (c as f64).min(a.bps().max(1.0)));
-        let cause = victim_cause(base_cause(d, a), victim);
         // A cap that held for a while sits near the knee: a lone violation there is noise
         // or a small load change, so cut gently; a second one cuts decisively.
         let settled = a.limit.total_bps().is_some() && is_settled(a, d.cycle);
-        // A raise is to blame only until its cap settles.
-        let undo = st.before_raise.take().filter(|_| !settled);
-        let (cap, why) = if let Some(prev) = undo {
-            let raised = a.limit.total_bps().unwrap_or(current as u64);
-            st.remember_bad(raised, d.cycle);
-            (
-                prev,
-                format!(
-                    "the last raise broke {}'s SLO: back to the last good cap",
-                    victim.name
-                ),
-            )
-        } else {
-            let factor = match victim.class {
-                // Squared: tail latency grows much faster than linearly near the knee,
-                // and an under-cut costs two more violating cycles.
-                SloClass::Latency { p999_ns } => victim
-                    .judged_p999()
-                    .map_or(0.5, |l| (p999_ns as f64 / l as f64).powi(2)),
-                SloClass::Throughput { rate_bps } => {
-                    1.0 - (rate_bps as f64 - victim.bps()).max(0.0) / current.max(1.0)
-                }
-                SloClass::BestEffort => 0.5,
+        let factor = match victim.class {
+            // Squared: tail latency grows much faster than linearly near the knee,
+            // and an under-cut costs two more violating cycles.
+            SloClass::Latency { p999_ns } => victim
+                .judged_p999()
+                .map_or(0.5, |l| (p999_ns as f64 / l as f64).powi(2)),
+            SloClass::Throughput { rate_bps } => {
+                1.0 - (rate_bps as f64 - victim.bps()).max(0.0) / current.max(1.0)
             }
-            .clamp(0.05, 0.5);
-            let factor = match (settled, victim.slo_ns(), victim.judged_p999()) {
-                (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9),
-                _ => factor,
-            };
-            st.remember_bad(current as u64, d.cycle);
-            // The victim suffers from everyone else's bytes: scale that total by the
-            // factor and take the whole cut from the aggressor.
-            let others: f64 = d
-                .services
-                .iter()
-                .filter(|s| s.id != victim.id)
-                .map(|s| if s.id == a.id { current } else { s.bps() })
-                .sum();
-            let cap = (others * factor - (others - current)).max(current * 0.05);
-            (
-                cap as u64,
-                format!(
-                    "aggressor of {}: largest device share; cap at {:.0} % of its rate",
-                    victim.name,
-                    factor * 100.0
-                ),
-            )
+            SloClass::BestEffort => 0.5,
+        }
+        .clamp(0.05, 0.5);
+        let factor = match (settled, victim.slo_ns(), victim.judged_p999()) {
+            (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9),
+            _ => factor,
         };
-        let cap = cap.max(a.floor_bps());
+        st.remember_bad(current as u64, d.cycle);
+        // The victim suffers from everyone else's bytes: scale that total by the
+        // factor and take the whole cut from the aggressor.
+        let others: f64 = d
+            .services
+            .iter()
+            .filter(|s| s.id != victim.id)
+            .map(|s| if s.id == a.id { current } else { s.bps() })
+            .sum();
+        let cap =
+            ((others * factor - (others - current)).max(current * 0.05) as u64).max(a.floor_bps());
+        let why = format!(
+            "aggressor of {}: largest device share; cap at {:.0} % of its rate",
+            victim.name,
+            factor * 100.0
+        );
         self.healthy.insert(d.dev, Streak::default());
         cap_bandwidth(a, d.dev, cap, why, cause)
     }
 
-    /// A p99.9 close to its target right after a raise: go back to the last good cap before
-    /// the raise costs a violating cycle, and remember the raised rate as too close.
-    fn undo_near_miss(&mut self, d: &DeviceCycle, worst: f64) -> Vec<Decision> {
-        let raised = d.services.iter().find(|s| {
-            s.limit.total_bps().is_some()
-                && !is_settled(s, d.cycle)
-                && s.can_change(d.cycle)
-                && self
-                    .caps
-                    .get(&(d.dev, s.id))
-                    .is_some_and(|st| st.before_raise.is_some())
-        });
-        let Some(s) = raised else {
-            return vec![];
-        };
+    /// Whether `s` was raised and the raise has not settled yet: a violation (or a near
+    /// miss) now is the raise's fault.
+    fn raise_pending(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
+        !is_settled(s, d.cycle)
+            && self
+                .caps
+                .get(&(d.dev, s.id))
+                .is_some_and(|st| st.before_raise.is_some())
+    }
+
+    /// Back to the cap before the last raise, remembering the raised rate as the knee.
+    fn undo_raise(
+        &mut self,
+        d: &DeviceCycle,
+        s: &ServiceLoad,
+        why: String,
+        cause: Cause,
+    ) -> Vec<Decision> {
         let st = self.caps.entry((d.dev, s.id)).or_default();
         let Some(prev) = st.before_raise.take() else {
             return vec![];
@@ -230,16 +225,24 @@ impl Adaptive {
         if let Some(raised) = s.limit.total_bps() {
             st.remember_bad(raised, d.cycle);
         }
-        cap_bandwidth(
-            s,
-            d.dev,
-            prev.max(s.floor_bps()),
-            format!(
-                "the last raise took a p99.9 to {:.0} % of its target: back to the last good cap",
-                worst * 100.0
-            ),
-            base_cause(d, s),
-        )
+        self.healthy.insert(d.dev, Streak::default());
+        cap_bandwidth(s, d.dev, prev.max(s.floor_bps()), why, cause)
+    }
+
+    /// A p99.9 close to its target right after a raise: go back to the last good cap before
+    /// the raise costs a violating cycle.
+    fn undo_near_miss(&mut self, d: &DeviceCycle, worst: f64) -> Vec<Decision> {
+        let raised = d.services.iter().find(|s| {
+            s.limit.total_bps().is_some() && s.can_change(d.cycle) && self.raise_pending(d, s)
+        });
+        let Some(s) = raised else {
+            return vec![];
+        };
+        let why = format!(
+            "the last raise took a p99.9 to {:.0} % of its target: back to the last good cap",
+            worst * 100.0
+        );
+        self.undo_raise(d, s, why, base_cause(d, s))
     }
 
     fn relax(&mut self, d: &DeviceCycle) -> Vec<Decision> {
@@ -348,12 +351,7 @@ impl Policy for Adaptive {
         self.healthy.insert(d.dev, Streak::default());
         if let Some(a) = Self::aggressor(d, victim) {
             // Going back to the last good cap is always safe: no need to wait for it.
-            let reverting = !is_settled(a, d.cycle)
-                && self
-                    .caps
-                    .get(&(d.dev, a.id))
-                    .is_some_and(|s| s.before_raise.is_some());
-            if a.can_change(d.cycle) || reverting {
+            if a.can_change(d.cycle) || self.raise_pending(d, a) {
                 out.extend(self.throttle(d, victim, a));
             }
             return out;

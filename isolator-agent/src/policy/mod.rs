@@ -99,7 +99,7 @@ pub struct ServiceLoad {
     pub write_bps: f64,
     pub read_iops: f64,
     pub write_iops: f64,
-    /// p99.9 latency (request start to completion, queueing included) of this cycle.s
+    /// p99.9 latency (request start to completion, queueing included) of this cycle's
     /// I/Os, all ops, with its sample count.
     pub p999_ns: Option<u64>,
     pub samples: u64,
