@@ -222,6 +222,37 @@ pub fn disk_of(path: &Path) -> String {
     format!("{major}:{minor}")
 }
 
+/// A loop device over a file (direct I/O to the file), detached on drop: a block device of
+/// its own, so that a test's I/O on it is apart from everything else on the disk.
+pub struct LoopDevice {
+    pub path: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn over(file: &Path) -> LoopDevice {
+        let out = run_ok(
+            Command::new("losetup")
+                .args(["--find", "--show", "--direct-io=on"])
+                .arg(file),
+        );
+        LoopDevice {
+            path: PathBuf::from(out.trim()),
+        }
+    }
+
+    /// "major:minor", as the agent names devices.
+    pub fn dev(&self) -> String {
+        let rdev = std::fs::metadata(&self.path).unwrap().rdev();
+        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
+    }
+}
+
 /// Runs a command to completion, panicking with its output on failure.
 pub fn run_ok(cmd: &mut Command) -> String {
     let out = cmd
