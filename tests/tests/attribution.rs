@@ -5,7 +5,7 @@ use std::{process::Command, thread, time::Duration};
 
 use isolator_tests::*;
 
-fn within(name: &str, agent: u64, kernel: u64, at_least: u64) {
+fn within(name: &str, agent: u64, kernel: u64, at_least: u64, diag: &str) {
     assert!(
         kernel >= at_least,
         "{name}: kernel counted {kernel} bytes, expected at least {at_least}: the load did not run"
@@ -13,7 +13,7 @@ fn within(name: &str, agent: u64, kernel: u64, at_least: u64) {
     let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
     assert!(
         err <= 0.02,
-        "{name}: agent {agent} vs kernel {kernel} bytes ({:.2} % off)",
+        "{name}: agent {agent} vs kernel {kernel} bytes ({:.2} % off); {diag}",
         err * 100.0
     );
 }
@@ -101,12 +101,39 @@ fn per_cgroup_bytes_match_kernel_counters() {
         agent_bytes(&events, b.id(), &dev),
     );
     eprintln!("dev {dev}: A kernel {ka:?} agent {xa:?}; B kernel {kb:?} agent {xb:?}");
-    within("A read (O_DIRECT)", xa.0, ka.0, 32 << 20);
-    within("A write (O_DIRECT)", xa.1, ka.1, 128 << 20);
-    within("B read (O_DIRECT)", xb.0, kb.0, 16 << 20);
+    let diag = lost_data_report(&events, &dev, &[a.id(), b.id()]);
+    eprintln!("{diag}");
+    within("A read (O_DIRECT)", xa.0, ka.0, 32 << 20, &diag);
+    within("A write (O_DIRECT)", xa.1, ka.1, 128 << 20, &diag);
+    within("B read (O_DIRECT)", xb.0, kb.0, 16 << 20, &diag);
     // fsync writes back in the caller's context, so both v1 and v2 charge B.
-    within("B write (buffered + fsync)", xb.1, kb.1, 96 << 20);
+    within("B write (buffered + fsync)", xb.1, kb.1, 96 << 20, &diag);
     assert!(events.iter().any(
         |e| e["type"] == "cgroup_stats" && e["cgroup"]["path"].as_str() == Some(&a.rel_path())
     ));
+}
+
+/// Where bytes the agent missed could have gone: the agent's own loss counters and the
+/// (read, write) bytes it charged to every other cgroup on the disk.
+fn lost_data_report(events: &[serde_json::Value], dev: &str, ours: &[u64]) -> String {
+    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
+    let counter = |k: &str| last_end.map_or(serde_json::Value::Null, |e| e[k].clone());
+    let mut others = std::collections::BTreeMap::<String, (u64, u64)>::new();
+    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
+        let id = e["cgroup"]["id"].as_u64().unwrap_or(0);
+        if ours.contains(&id) {
+            continue;
+        }
+        let name = e["cgroup"]["path"].as_str().unwrap_or("?").to_string();
+        let (r, w) = agent_bytes(std::slice::from_ref(e), id, dev);
+        let t = others.entry(format!("{name} ({id})")).or_default();
+        t.0 += r;
+        t.1 += w;
+    }
+    format!(
+        "agent loss counters: map_full {} missed_events {} preexisting_completions {}; other cgroups (read, write): {others:?}",
+        counter("map_full"),
+        counter("missed_events"),
+        counter("preexisting_completions"),
+    )
 }
