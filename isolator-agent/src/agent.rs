@@ -11,11 +11,14 @@ use std::{
 use anyhow::{bail, Context, Result};
 use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE, UNATTRIBUTED_CGROUP};
 
+use tokio::sync::mpsc;
+
 use crate::{
     cgroupfs::IoHierarchy,
     collector::{Collector, Snapshot},
     config::Config,
     control::Controller,
+    docker::{self, ContainerTable, DockerUpdate},
     enforcer::{Enforcer, Journal},
     events::{CgroupRef, DeviceStats, Event, NdjsonSink, Totals},
     metrics::Metrics,
@@ -50,6 +53,10 @@ pub struct RunOptions {
     /// Where the journal of original limit values lives.
     #[arg(long, value_name = "DIR", default_value = crate::enforcer::DEFAULT_JOURNAL_DIR)]
     pub journal_dir: PathBuf,
+    /// Docker Engine API socket, for container names, images and labels ("off": do not ask
+    /// Docker; containers are named by id).
+    #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
+    pub docker_socket: PathBuf,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -106,6 +113,8 @@ struct Registry {
     known: HashMap<u64, CgroupRef>,
     /// Cgroups confirmed removed (kernfs ids are never reused), kept until forgotten.
     gone: HashSet<u64>,
+    /// What Docker says of the containers that exist.
+    containers: ContainerTable,
 }
 
 impl Registry {
@@ -137,7 +146,8 @@ impl Registry {
         for id in unresolved {
             match live.get(&id) {
                 Some(p) => {
-                    self.known.insert(id, CgroupRef::new(id, Some(p.clone())));
+                    let named = CgroupRef::new(id, Some(p.clone()), &self.containers);
+                    self.known.insert(id, named);
                 }
                 // Its last known path (if any) stays for the events that name it.
                 None => {
@@ -161,12 +171,37 @@ impl Registry {
         self.known
             .get(&id)
             .cloned()
-            .unwrap_or_else(|| CgroupRef::new(id, None))
+            .unwrap_or_else(|| CgroupRef::new(id, None, &self.containers))
     }
 
     fn path(&self, id: u64) -> Option<String> {
         self.known.get(&id)?.path.clone()
     }
+
+    /// Applies what Docker said; cgroups of changed containers are named again. Returns
+    /// whether anything changed.
+    fn apply_docker(&mut self, update: &DockerUpdate) -> bool {
+        let change = self.containers.apply(update);
+        if change.is_empty() {
+            return false;
+        }
+        for c in self.known.values_mut() {
+            let affected = c.container_id.as_ref().is_some_and(|id| {
+                change.changed.binary_search(id).is_ok() || change.removed.binary_search(id).is_ok()
+            });
+            if affected {
+                *c = CgroupRef::new(c.id, c.path.take(), &self.containers);
+            }
+        }
+        true
+    }
+}
+
+/// The Docker watcher's channel, and whether its outage was already said.
+struct DockerLink {
+    socket: PathBuf,
+    updates: mpsc::UnboundedReceiver<DockerUpdate>,
+    down_said: bool,
 }
 
 pub struct Agent {
@@ -176,6 +211,7 @@ pub struct Agent {
     registry: Registry,
     disks: DiskNames,
     control: Option<Controller>,
+    docker: Option<DockerLink>,
     // Declared last: dropping it detaches the programs after the maps are released.
     probe: Probe,
 }
@@ -231,7 +267,7 @@ impl Agent {
                 let policy = policy::by_name(&opts.policy, opts.ute_threshold)
                     .with_context(|| format!("unknown policy '{}'", opts.policy))?;
                 let mut c = Controller::new(cfg, policy, Enforcer::new(hierarchy.mode, journal));
-                c.refresh_targets(&paths);
+                early_events.extend(c.refresh(&hierarchy, &paths, &ContainerTable::default(), 0));
                 Some(c)
             }
         };
@@ -268,11 +304,56 @@ impl Agent {
                 hierarchy,
                 known: HashMap::new(),
                 gone: HashSet::new(),
+                containers: ContainerTable::default(),
             },
+            docker: (opts.docker_socket.as_os_str() != "off").then(|| DockerLink {
+                updates: docker::spawn_watcher(opts.docker_socket.clone()),
+                socket: opts.docker_socket.clone(),
+                down_said: false,
+            }),
             disks: DiskNames::default(),
             control,
             probe,
         })
+    }
+
+    /// Takes what the Docker watcher reported since the last cycle. Returns whether the
+    /// container table changed.
+    fn follow_docker(&mut self) -> Result<bool> {
+        let Some(link) = self.docker.as_mut() else {
+            return Ok(false);
+        };
+        let mut changed = false;
+        while let Ok(u) = link.updates.try_recv() {
+            match &u {
+                DockerUpdate::Connected {
+                    api_version,
+                    containers,
+                } => {
+                    link.down_said = false;
+                    self.sink.emit(&Event::DockerConnected {
+                        socket: link.socket.display().to_string(),
+                        api_version: api_version.clone(),
+                        containers: containers.len(),
+                    })?;
+                }
+                // Said once per outage; the watcher keeps retrying with backoff.
+                DockerUpdate::Down { error, retry_in } if !link.down_said => {
+                    link.down_said = true;
+                    self.sink.emit(&Event::Warning {
+                        code: "docker_down".into(),
+                        message: format!(
+                            "Docker is not reachable ({error}); containers are named by id until it is back (retrying every {}s at most {}s)",
+                            retry_in.as_secs(),
+                            30
+                        ),
+                    })?;
+                }
+                _ => {}
+            }
+            changed |= self.registry.apply_docker(&u);
+        }
+        Ok(changed)
     }
 
     /// One cycle: collect, name, compute, emit.
@@ -285,15 +366,26 @@ impl Agent {
                 message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
             })?;
         }
+        let containers_changed = self.follow_docker()?;
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
         let walk = self.registry.update(&active);
         if let Some(c) = self.control.as_mut() {
-            // Service globs follow new cgroups: on the registry's walk, or every 30 cycles
-            // for cgroups that have done no I/O yet.
-            let walk =
-                walk.or_else(|| (snap.cycle % 30 == 0).then(|| self.registry.hierarchy.scan()));
+            // Services follow new cgroups and containers: on the registry's walk, when
+            // Docker reports a change, or every 30 cycles for cgroups without I/O yet.
+            let walk = walk.or_else(|| {
+                (containers_changed || snap.cycle % 30 == 0).then(|| self.registry.hierarchy.scan())
+            });
             if let Some(live) = walk {
-                c.refresh_targets(&live.into_values().collect::<Vec<_>>());
+                let paths: Vec<String> = live.into_values().collect();
+                let registry = &self.registry;
+                for e in c.refresh(
+                    &registry.hierarchy,
+                    &paths,
+                    &registry.containers,
+                    snap.cycle,
+                ) {
+                    self.sink.emit(&e)?;
+                }
             }
         }
         for (key, count) in &snap.inflight_resets {
@@ -339,7 +431,7 @@ impl Agent {
 
         if let Some(c) = self.control.as_mut() {
             let registry = &self.registry;
-            let cycles = c.device_cycles(&snap, &|id| registry.path(id));
+            let cycles = c.device_cycles(&snap, &|id| registry.path(id), &registry.containers);
             let disks = &mut self.disks;
             let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
                 disks.name(dev)

@@ -7,7 +7,10 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
-use crate::naming::{self, PathName, ServiceKind};
+use crate::{
+    docker::{ContainerInfo, ContainerTable},
+    naming::{self, PathName, ServiceKind},
+};
 
 /// A service's promise.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,6 +70,13 @@ pub enum Matcher {
     Container(glob::Pattern),
     /// Glob over Kubernetes pod UIDs: the pod's cgroup (its containers are below it).
     Pod(glob::Pattern),
+    /// Glob over a Docker container's image, e.g. `postgres:*`.
+    Image(glob::Pattern),
+    /// A Docker container label: `key` present, or `key=glob` with a matching value.
+    Label {
+        key: String,
+        value: Option<glob::Pattern>,
+    },
 }
 
 impl Matcher {
@@ -76,32 +86,61 @@ impl Matcher {
             Matcher::Unit(_) => "unit",
             Matcher::Container(_) => "container",
             Matcher::Pod(_) => "pod",
+            Matcher::Image(_) => "image",
+            Matcher::Label { .. } => "label",
         }
     }
 
-    fn pattern(&self) -> &glob::Pattern {
+    /// The matcher as the config spells its value.
+    fn text(&self) -> String {
         match self {
-            Matcher::Cgroup(p) | Matcher::Unit(p) | Matcher::Container(p) | Matcher::Pod(p) => p,
+            Matcher::Cgroup(p)
+            | Matcher::Unit(p)
+            | Matcher::Container(p)
+            | Matcher::Pod(p)
+            | Matcher::Image(p) => p.as_str().to_string(),
+            Matcher::Label { key, value: None } => key.clone(),
+            Matcher::Label {
+                key,
+                value: Some(v),
+            } => format!("{key}={}", v.as_str()),
         }
     }
 
-    /// Whether the cgroup at `path` (named by [`naming::name_path`]) matches.
-    pub fn matches(&self, path: &str, named: &PathName) -> bool {
+    /// Whether the matcher names an owner (unit, container, pod) rather than a path:
+    /// owners come and go, so matching nothing at start is not an error.
+    pub fn is_owner(&self) -> bool {
+        !matches!(self, Matcher::Cgroup(_))
+    }
+
+    /// Whether the cgroup at `path` (named by [`naming::name_path`]; `container` is what
+    /// Docker says of it, when it is a Docker container) matches.
+    pub fn matches(&self, path: &str, named: &PathName, container: Option<&ContainerInfo>) -> bool {
         let opts = glob::MatchOptions {
             case_sensitive: true,
             require_literal_separator: true,
             require_literal_leading_dot: false,
         };
-        let matches = |s: &str| self.pattern().matches_with(s, opts);
         // Each owner matcher takes the owner's own cgroup only: its descendants belong to
         // it anyway (nearest matching ancestor), and limits go on one level.
         match (self, named.kind) {
-            (Matcher::Cgroup(_), _) => matches(path),
-            (Matcher::Unit(_), ServiceKind::Unit) => matches(&named.name),
-            (Matcher::Container(_), ServiceKind::Container) => {
-                matches(&named.name) || named.id.as_deref().is_some_and(matches)
+            (Matcher::Cgroup(p), _) => p.matches_with(path, opts),
+            (Matcher::Unit(p), ServiceKind::Unit) => p.matches_with(&named.name, opts),
+            (Matcher::Container(p), ServiceKind::Container) => {
+                let m = |s: &str| p.matches_with(s, opts);
+                m(&named.name)
+                    || named.id.as_deref().is_some_and(m)
+                    || container.is_some_and(|c| m(&c.name))
             }
-            (Matcher::Pod(_), ServiceKind::Pod) => named.id.as_deref().is_some_and(matches),
+            (Matcher::Pod(p), ServiceKind::Pod) => {
+                named.id.as_deref().is_some_and(|s| p.matches_with(s, opts))
+            }
+            (Matcher::Image(p), ServiceKind::Container) => {
+                container.is_some_and(|c| p.matches_with(&c.image, opts))
+            }
+            (Matcher::Label { key, value }, ServiceKind::Container) => container
+                .and_then(|c| c.labels.get(key))
+                .is_some_and(|v| value.as_ref().is_none_or(|p| p.matches_with(v, opts))),
             _ => false,
         }
     }
@@ -135,12 +174,41 @@ struct RawService {
     unit: Option<Spanned<String>>,
     container: Option<Spanned<String>>,
     pod: Option<Spanned<String>>,
+    image: Option<Spanned<String>>,
+    label: Option<Spanned<String>>,
     class: Spanned<String>,
     p999: Option<Spanned<String>>,
     rate: Option<Spanned<String>>,
     floor: Option<Spanned<String>>,
     ceiling: Option<Spanned<String>>,
     weight: Option<Spanned<i64>>,
+}
+
+/// Placeholder in the table of matcher kinds; `label` values are parsed by
+/// [`parse_label_matcher`].
+fn label_matcher(_: glob::Pattern) -> Matcher {
+    Matcher::Label {
+        key: String::new(),
+        value: None,
+    }
+}
+
+/// `key` or `key=glob`.
+fn parse_label_matcher(text: &str) -> Result<Matcher, String> {
+    let (key, value) = match text.split_once('=') {
+        Some((k, v)) => (
+            k.trim(),
+            Some(glob::Pattern::new(v.trim()).map_err(|e| e.to_string())?),
+        ),
+        None => (text.trim(), None),
+    };
+    if key.is_empty() {
+        return Err("the label key is empty".into());
+    }
+    Ok(Matcher::Label {
+        key: key.to_string(),
+        value,
+    })
 }
 
 fn spanned_text(f: &Option<Spanned<String>>) -> Option<&str> {
@@ -474,6 +542,8 @@ impl Config {
                 (&s.unit, Matcher::Unit),
                 (&s.container, Matcher::Container),
                 (&s.pod, Matcher::Pod),
+                (&s.image, Matcher::Image),
+                (&s.label, label_matcher),
             ];
             for (raw, matcher) in kinds {
                 // The TOML key, as the matcher itself spells it.
@@ -492,19 +562,26 @@ impl Config {
                 } else {
                     glob_text.to_string()
                 };
-                let pattern = glob::Pattern::new(&glob_text).map_err(|e| {
+                let m = if key == "label" {
+                    parse_label_matcher(&glob_text)
+                } else {
+                    glob::Pattern::new(&glob_text)
+                        .map(matcher)
+                        .map_err(|e| e.to_string())
+                };
+                let m = m.map_err(|e| {
                     err(
                         raw.span(),
                         format!("{key} glob '{glob_text}' is invalid ({e}); fix the pattern"),
                     )
                 })?;
                 match_line.get_or_insert(line_of(text, raw.span().start));
-                matchers.push(matcher(pattern));
+                matchers.push(m);
             }
             let Some(match_line) = match_line else {
                 return Err(err(
                     s.name.span(),
-                    format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod)"),
+                    format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod, image, label)"),
                 ));
             };
             let slo = parse_slo(&SloText {
@@ -548,10 +625,12 @@ impl Config {
     /// cgroup may be claimed by two services.
     pub fn check_against(&self, file: &str, cgroup_paths: &[String]) -> Result<(), ConfigError> {
         let mut owner: HashMap<&str, usize> = HashMap::new();
+        // Docker has not been asked yet: container names, images and labels match later.
+        let no_containers = ContainerTable::default();
         for (i, s) in self.services.iter().enumerate() {
             let mut any = false;
             for p in cgroup_paths {
-                if !s.matches(p) {
+                if !s.matches(p, &no_containers) {
                     continue;
                 }
                 any = true;
@@ -568,7 +647,9 @@ impl Config {
                 }
                 owner.insert(p, i);
             }
-            if !any {
+            // Containers, units and pods come and go: a service of owners may match
+            // nothing yet. A cgroup glob names a path the operator controls.
+            if !any && !s.matchers.iter().any(Matcher::is_owner) {
                 return Err(ConfigError {
                     file: file.into(),
                     line: s.match_line,
@@ -586,16 +667,22 @@ impl Config {
 
 impl ServiceSpec {
     /// Whether the cgroup at `cgroup_path` is one of the service's own (all matchers match).
-    pub fn matches(&self, cgroup_path: &str) -> bool {
+    /// Docker's view of containers comes from `containers`.
+    pub fn matches(&self, cgroup_path: &str, containers: &ContainerTable) -> bool {
         let named = naming::name_path(cgroup_path);
-        self.matchers.iter().all(|m| m.matches(cgroup_path, &named))
+        let container = (named.kind == ServiceKind::Container)
+            .then(|| containers.get(named.id.as_deref()?))
+            .flatten();
+        self.matchers
+            .iter()
+            .all(|m| m.matches(cgroup_path, &named, container))
     }
 
     /// `cgroup glob '/db'`, `unit glob 'pg*.service' and cgroup glob '/system.slice/*'`.
     pub fn describe_matchers(&self) -> String {
         self.matchers
             .iter()
-            .map(|m| format!("{} glob '{}'", m.key(), m.pattern().as_str()))
+            .map(|m| format!("{} glob '{}'", m.key(), m.text()))
             .collect::<Vec<_>>()
             .join(" and ")
     }
@@ -653,8 +740,8 @@ floor = "20MB/s"
         );
         assert_eq!(c.services[1].ceiling, Some(Rate::BytesPerSec(1 << 30)));
         assert_eq!(c.services[1].weight, Some(50));
-        assert!(c.services[1].matches("/batch/a"));
-        assert!(!c.services[1].matches("/batch/a/b"));
+        assert!(c.services[1].matches("/batch/a", &ContainerTable::default()));
+        assert!(!c.services[1].matches("/batch/a/b", &ContainerTable::default()));
         assert_eq!(c.services[2].class, SloClass::BestEffort);
     }
 
@@ -675,7 +762,8 @@ floor = "20MB/s"
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='5'\n", 5, "no unit"),
             ("[[service]]\nname='a'\nclass='best-effort'\n", 2, "matches nothing; add cgroup"),
             ("[[service]]\nname='a'\nclass='best-effort'\nunit=''\n", 4, "unit of service 'a' is empty"),
-            ("[[service]]\nname='a'\nclass='best-effort'\nlabel='x'\n", 4, "unknown field `label`"),
+            ("[[service]]\nname='a'\nclass='best-effort'\nlabels='x'\n", 4, "unknown field `labels`"),
+            ("[[service]]\nname='a'\nclass='best-effort'\nlabel='=x'\n", 4, "label key is empty"),
         ];
         for (text, line, needle) in cases {
             let e = parse(text).unwrap_err();
@@ -712,38 +800,75 @@ floor = "20MB/s"
              [[service]]\nname='sys-web'\nunit='nginx.service'\ncgroup='/system.slice/*'\nclass='best-effort'\n"
         ))
         .unwrap();
+        let t = ContainerTable::default();
         let [pg, web, job, sys] = &c.services[..] else {
             panic!("4 services")
         };
         assert_eq!(pg.match_line, 3);
-        assert!(pg.matches("/system.slice/postgresql@15-main.service"));
-        assert!(!pg.matches("/system.slice/postgresql@15-main.service/child"));
-        assert!(!pg.matches("/postgresql@15-main.service.d"));
+        assert!(pg.matches("/system.slice/postgresql@15-main.service", &t));
+        assert!(!pg.matches("/system.slice/postgresql@15-main.service/child", &t));
+        assert!(!pg.matches("/postgresql@15-main.service.d", &t));
         // Short id or full id, systemd or cgroupfs driver.
-        assert!(web.matches(&format!("/system.slice/docker-{id}.scope")));
-        assert!(web.matches(&format!("/docker/{id}")));
-        assert!(!web.matches("/docker"));
+        assert!(web.matches(&format!("/system.slice/docker-{id}.scope"), &t));
+        assert!(web.matches(&format!("/docker/{id}"), &t));
+        assert!(!web.matches("/docker", &t));
         let full = Config::parse(
             "c.toml",
             &format!("[[service]]\nname='w'\ncontainer='{id}'\nclass='best-effort'\n"),
         )
         .unwrap();
-        assert!(full.services[0].matches(&format!("/docker/{id}")));
+        assert!(full.services[0].matches(&format!("/docker/{id}"), &t));
         // The pod's cgroup, not its containers (they belong to it as descendants).
         let pod_dir = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
             uid.replace('-', "_")
         );
-        assert!(job.matches(&pod_dir));
-        assert!(!job.matches(&format!("{pod_dir}/cri-containerd-{id}.scope")));
-        assert!(job.matches(&format!("/kubepods/besteffort/pod{uid}")));
+        assert!(job.matches(&pod_dir, &t));
+        assert!(!job.matches(&format!("{pod_dir}/cri-containerd-{id}.scope"), &t));
+        assert!(job.matches(&format!("/kubepods/besteffort/pod{uid}"), &t));
         // Every matcher must match.
-        assert!(sys.matches("/system.slice/nginx.service"));
-        assert!(!sys.matches("/other.slice/nginx.service"));
+        assert!(sys.matches("/system.slice/nginx.service", &t));
+        assert!(!sys.matches("/other.slice/nginx.service", &t));
         assert_eq!(
             sys.describe_matchers(),
             "cgroup glob '/system.slice/*' and unit glob 'nginx.service'"
         );
+    }
+
+    #[test]
+    fn docker_matchers_use_what_docker_says() {
+        use crate::docker::DockerUpdate;
+        let id = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
+        let c = parse(
+            "[[service]]\nname='db'\ncontainer='pg-*'\nclass='best-effort'\n\n\
+             [[service]]\nname='img'\nimage='postgres:*'\nlabel='tier=data*'\nclass='best-effort'\n\n\
+             [[service]]\nname='any'\nlabel='tier'\nclass='best-effort'\n",
+        )
+        .unwrap();
+        let [by_name, by_image, by_label] = &c.services[..] else {
+            panic!("3 services")
+        };
+        let path = format!("/docker/{id}");
+        let mut t = ContainerTable::default();
+        // Unknown to Docker (yet): only path-derived names can match.
+        assert!(!by_name.matches(&path, &t));
+        assert!(!by_label.matches(&path, &t));
+        t.apply(&DockerUpdate::Upsert(ContainerInfo {
+            id: id.into(),
+            name: "pg-main".into(),
+            image: "postgres:16".into(),
+            labels: [("tier".to_string(), "database".to_string())].into(),
+        }));
+        assert!(by_name.matches(&path, &t));
+        assert!(by_image.matches(&path, &t));
+        assert!(by_label.matches(&path, &t));
+        assert!(!by_name.matches(&format!("{path}/child"), &t));
+        assert_eq!(
+            by_image.describe_matchers(),
+            "image glob 'postgres:*' and label glob 'tier=data*'"
+        );
+        // Owners may match nothing at start; cgroup globs may not.
+        assert!(c.check_against("c.toml", &["/".to_string()]).is_ok());
     }
 
     #[test]

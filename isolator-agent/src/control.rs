@@ -1,7 +1,10 @@
 //! The control stage: cgroups -> services (config matchers), per-service per-device cycle
 //! stats (the policy input), the policy, the enforcer, and the events that say why.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    os::unix::fs::MetadataExt,
+};
 
 use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE};
 use serde::Serialize;
@@ -9,10 +12,14 @@ use serde::Serialize;
 use crate::{
     cgroupfs::IoHierarchy,
     collector::Snapshot,
-    config::{Config, SloClass},
+    config::{Config, Matcher, ServiceSpec, SloClass},
+    docker::ContainerTable,
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
+    events::LabelSloInfo,
+    labels,
     metrics::{percentile, HistSum},
+    naming::{self, ServiceKind},
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId, ServiceLoad},
 };
 
@@ -24,6 +31,17 @@ pub struct SloRef {
     pub p999_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_bps: Option<u64>,
+}
+
+impl SloRef {
+    /// `latency p99.9 <= 20ms`, for messages.
+    pub fn describe(&self) -> String {
+        match (self.p999_ns, self.rate_bps) {
+            (Some(ns), _) => format!("{} p99.9 <= {:.3}ms", self.class, ns as f64 / 1e6),
+            (_, Some(bps)) => format!("{} rate >= {:.1}MB/s", self.class, bps as f64 / 1e6),
+            _ => self.class.to_string(),
+        }
+    }
 }
 
 impl From<SloClass> for SloRef {
@@ -42,28 +60,26 @@ impl From<SloClass> for SloRef {
     }
 }
 
+/// A cgroup directory a service's limits go on, with its inode: a container that restarts
+/// gets a new cgroup at the same path, which carries none of the old limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    path: String,
+    ino: u64,
+}
+
 /// Which service each cgroup belongs to, and which cgroups carry a service's limits.
 struct Membership {
     /// cgroup id -> service (None: unconfigured), cached per id.
     of_cgroup: HashMap<u64, Option<ServiceId>>,
-    /// service -> the cgroup directories its glob matches (where limits are written).
-    targets: Vec<Vec<String>>,
+    /// service -> the cgroup directories its matchers take (where limits are written).
+    targets: HashMap<ServiceId, Vec<Target>>,
 }
 
-impl Membership {
-    /// A cgroup belongs to the service whose glob matches it or its nearest ancestor.
-    fn service_of_path(cfg: &Config, path: &str) -> Option<ServiceId> {
-        let mut p = path.to_string();
-        loop {
-            if let Some(i) = cfg.services.iter().position(|s| s.matches(&p)) {
-                return Some(i);
-            }
-            match p.rfind('/') {
-                Some(0) | None => return None,
-                Some(i) => p.truncate(i),
-            }
-        }
-    }
+/// A service declared by a container's `isolator.*` labels.
+struct LabelService {
+    container_id: String,
+    spec: ServiceSpec,
 }
 
 #[derive(Default, Clone)]
@@ -101,7 +117,11 @@ impl Utilization {
 }
 
 pub struct Controller {
+    /// Services of the config file, ids 0..n.
     config: Config,
+    /// Services declared by container labels, ids from n on, never reused.
+    labelled: BTreeMap<ServiceId, LabelService>,
+    next_label_id: ServiceId,
     policy: Box<dyn Policy>,
     enforcer: Enforcer,
     membership: Membership,
@@ -114,12 +134,14 @@ pub struct Controller {
 impl Controller {
     pub fn new(config: Config, policy: Box<dyn Policy>, enforcer: Enforcer) -> Controller {
         Controller {
+            next_label_id: config.services.len(),
             config,
+            labelled: BTreeMap::new(),
             policy,
             enforcer,
             membership: Membership {
                 of_cgroup: HashMap::new(),
-                targets: vec![],
+                targets: HashMap::new(),
             },
             state: HashMap::new(),
             util: Utilization::default(),
@@ -131,67 +153,319 @@ impl Controller {
         self.policy.name()
     }
 
-    /// Which cgroups each glob matches, from a walk of the hierarchy (at start and when
-    /// new cgroups appear).
-    pub fn refresh_targets(&mut self, all_paths: &[String]) {
-        self.membership.targets = self
-            .config
+    fn spec(&self, sid: ServiceId) -> Option<&ServiceSpec> {
+        self.config
+            .services
+            .get(sid)
+            .or_else(|| Some(&self.labelled.get(&sid)?.spec))
+    }
+
+    /// Every service, config first (its services win a cgroup over labels).
+    fn specs(&self) -> impl Iterator<Item = (ServiceId, &ServiceSpec)> {
+        self.config
             .services
             .iter()
-            .map(|s| all_paths.iter().filter(|p| s.matches(p)).cloned().collect())
+            .enumerate()
+            .chain(self.labelled.iter().map(|(&id, l)| (id, &l.spec)))
+    }
+
+    /// A cgroup belongs to the service that matches it or its nearest ancestor.
+    fn service_of_path(&self, path: &str, containers: &ContainerTable) -> Option<ServiceId> {
+        let mut p = path.to_string();
+        loop {
+            if let Some((sid, _)) = self.specs().find(|(_, s)| s.matches(&p, containers)) {
+                return Some(sid);
+            }
+            match p.rfind('/') {
+                Some(0) | None => return None,
+                Some(i) => p.truncate(i),
+            }
+        }
+    }
+
+    /// Follows the cgroups that exist (`all_paths`, a fresh walk) and what Docker says of
+    /// containers: label services come and go, each service's targets are re-matched, and a
+    /// service whose cgroups vanished or were re-created starts over (its journal entries
+    /// for vanished cgroups are closed: nothing is left to restore there).
+    pub fn refresh(
+        &mut self,
+        hierarchy: &IoHierarchy,
+        all_paths: &[String],
+        containers: &ContainerTable,
+        cycle: u64,
+    ) -> Vec<Event> {
+        let mut events = self.sync_label_services(all_paths, containers);
+        let ino = |p: &str| {
+            std::fs::metadata(hierarchy.dir_of(p))
+                .map(|m| m.ino())
+                .unwrap_or(0)
+        };
+        let new_targets: HashMap<ServiceId, Vec<Target>> = self
+            .specs()
+            .map(|(sid, s)| {
+                let t = all_paths
+                    .iter()
+                    .filter(|p| s.matches(p, containers))
+                    .map(|p| Target {
+                        path: p.clone(),
+                        ino: ino(p),
+                    })
+                    .collect();
+                (sid, t)
+            })
             .collect();
+        let mut restart = vec![];
+        for (sid, old) in &self.membership.targets {
+            let new = new_targets.get(sid);
+            let lost: Vec<&Target> = old
+                .iter()
+                .filter(|t| new.is_none_or(|n| !n.contains(t)))
+                .collect();
+            if lost.is_empty() {
+                continue;
+            }
+            for t in lost {
+                let dir = hierarchy.dir_of(&t.path);
+                if ino(&t.path) != t.ino {
+                    for r in self.enforcer.release(&dir) {
+                        events.push(Event::restore("released", r));
+                    }
+                }
+            }
+            restart.push(*sid);
+        }
+        for sid in restart {
+            self.state.retain(|&(s, _), _| s != sid);
+            self.policy.forget_service(sid);
+        }
+        let added: Vec<ServiceId> = new_targets
+            .keys()
+            .filter(|sid| !self.membership.targets.contains_key(sid))
+            .copied()
+            .collect();
+        self.membership.targets = new_targets;
         self.membership.of_cgroup.clear();
+        // Weights of label services that just appeared (config ones are set at start).
+        for sid in added {
+            if sid >= self.config.services.len() {
+                events.extend(self.apply_weight(hierarchy, sid, cycle));
+            }
+        }
+        events
+    }
+
+    /// Adds a service per labelled running container, unless the config claims its cgroup
+    /// (the config wins, and says so); drops those whose container stopped or lost its
+    /// labels. Every outcome is an event, said once.
+    fn sync_label_services(
+        &mut self,
+        all_paths: &[String],
+        containers: &ContainerTable,
+    ) -> Vec<Event> {
+        let mut events = vec![];
+        // Running containers: those with a cgroup now.
+        let running: HashMap<String, &String> = all_paths
+            .iter()
+            .filter_map(|p| {
+                let n = naming::name_path(p);
+                (n.kind == ServiceKind::Container).then(|| Some((n.id?, p)))?
+            })
+            .collect();
+        let mut wanted: HashMap<String, (ServiceSpec, SloRef)> = HashMap::new();
+        for c in containers.iter() {
+            let Some(&path) = running.get(&c.id) else {
+                continue;
+            };
+            let labels = match labels::slo_from_labels(&c.labels) {
+                Ok(Some(slo)) => slo,
+                Ok(None) => continue,
+                Err(e) => {
+                    if self
+                        .reported
+                        .insert(format!("label:{}:{}={}", c.id, e.label, e.value))
+                    {
+                        events.push(Event::LabelSlo(LabelSloInfo {
+                            outcome: "invalid".into(),
+                            container: c.name.clone(),
+                            container_id: c.id.clone(),
+                            service: None,
+                            slo: None,
+                            label: Some(format!("{}={}", e.label, e.value)),
+                            message: format!(
+                                "container '{}': {e}; the container is treated as unconfigured",
+                                c.name
+                            ),
+                        }));
+                    }
+                    continue;
+                }
+            };
+            if let Some(owner) = self
+                .config
+                .services
+                .iter()
+                .find(|s| s.matches(path, containers))
+            {
+                if self.reported.insert(format!("overridden:{}", c.id)) {
+                    events.push(Event::LabelSlo(LabelSloInfo {
+                        outcome: "overridden".into(),
+                        container: c.name.clone(),
+                        container_id: c.id.clone(),
+                        service: Some(owner.name.clone()),
+                        slo: Some(owner.class.into()),
+                        label: None,
+                        message: format!(
+                            "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
+                            c.name,
+                            SloRef::from(labels.class).describe(),
+                            owner.name,
+                            owner.line
+                        ),
+                    }));
+                }
+                continue;
+            }
+            let spec = ServiceSpec {
+                name: c.name.clone(),
+                matchers: vec![Matcher::Container(
+                    glob::Pattern::new(&glob::Pattern::escape(&c.id))
+                        .expect("an escaped id is a valid glob"),
+                )],
+                class: labels.class,
+                floor: labels.floor,
+                ceiling: labels.ceiling,
+                weight: labels.weight,
+                line: 0,
+                match_line: 0,
+            };
+            wanted.insert(c.id.clone(), (spec, labels.class.into()));
+        }
+        // Gone or changed: released (a changed one comes back below with a new id).
+        let stale: Vec<ServiceId> = self
+            .labelled
+            .iter()
+            .filter(|(_, l)| {
+                wanted
+                    .get(&l.container_id)
+                    .is_none_or(|(spec, _)| *spec != l.spec)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for sid in stale {
+            let l = self.labelled.remove(&sid).expect("listed above");
+            self.state.retain(|&(s, _), _| s != sid);
+            self.policy.forget_service(sid);
+            events.push(Event::LabelSlo(LabelSloInfo {
+                outcome: "released".into(),
+                container: containers
+                    .get(&l.container_id)
+                    .map_or_else(|| l.spec.name.clone(), |c| c.name.clone()),
+                container_id: l.container_id.clone(),
+                service: Some(l.spec.name.clone()),
+                slo: Some(l.spec.class.into()),
+                label: None,
+                message: format!(
+                    "service '{}' let go: its container stopped or its labels changed",
+                    l.spec.name
+                ),
+            }));
+        }
+        let have: HashSet<String> = self
+            .labelled
+            .values()
+            .map(|l| l.container_id.clone())
+            .collect();
+        let mut new: Vec<(String, (ServiceSpec, SloRef))> = wanted
+            .into_iter()
+            .filter(|(id, _)| !have.contains(id))
+            .collect();
+        new.sort_by(|a, b| a.0.cmp(&b.0));
+        for (container_id, (spec, slo)) in new {
+            let sid = self.next_label_id;
+            self.next_label_id += 1;
+            events.push(Event::LabelSlo(LabelSloInfo {
+                outcome: "applied".into(),
+                container: spec.name.clone(),
+                container_id: container_id.clone(),
+                service: Some(spec.name.clone()),
+                message: format!(
+                    "container '{}' governed by its labels: {}",
+                    spec.name,
+                    slo.describe()
+                ),
+                slo: Some(slo),
+                label: None,
+            }));
+            self.labelled
+                .insert(sid, LabelService { container_id, spec });
+        }
+        events
     }
 
     /// Writes configured weights once, at start.
     pub fn apply_weights(&mut self, hierarchy: &IoHierarchy, cycle: u64) -> Vec<Event> {
-        let Controller {
-            config,
-            membership,
-            enforcer,
-            ..
-        } = self;
+        (0..self.config.services.len())
+            .flat_map(|sid| self.apply_weight(hierarchy, sid, cycle))
+            .collect()
+    }
+
+    fn apply_weight(&mut self, hierarchy: &IoHierarchy, sid: ServiceId, cycle: u64) -> Vec<Event> {
+        let Some(s) = self.spec(sid) else {
+            return vec![];
+        };
+        let Some(w) = s.weight else {
+            return vec![];
+        };
+        let name = s.name.clone();
+        let targets = self
+            .membership
+            .targets
+            .get(&sid)
+            .cloned()
+            .unwrap_or_default();
+        let w = if self.enforcer.mode == crate::cgroupfs::CgroupMode::V1 {
+            w.min(1000)
+        } else {
+            w
+        };
         let mut out = vec![];
-        for (s, targets) in config.services.iter().zip(&membership.targets) {
-            let Some(w) = s.weight else { continue };
-            for cg in targets {
-                let dir = hierarchy.dir_of(cg);
-                let w = if enforcer.mode == crate::cgroupfs::CgroupMode::V1 {
-                    w.min(1000)
-                } else {
-                    w
-                };
-                out.push(match enforcer.apply(&dir, Setting::Weight(w)) {
-                    Ok(c) => Event::Decision {
-                        cycle,
-                        policy: "config".into(),
-                        service: s.name.clone(),
-                        cgroups: vec![cg.clone()],
-                        dev: None,
-                        knob: "weight".into(),
-                        old: c.old,
-                        new: c.new,
-                        applied: !enforcer.dry_run,
-                        reason: "configured weight".into(),
-                        cause: None,
-                    },
-                    Err(e) => Event::Error {
-                        code: "write_rejected".into(),
-                        message: format!("weight of service '{}' on {cg}: {e}", s.name),
-                    },
-                });
-            }
+        for t in targets {
+            let dir = hierarchy.dir_of(&t.path);
+            out.push(match self.enforcer.apply(&dir, Setting::Weight(w)) {
+                Ok(c) => Event::Decision {
+                    cycle,
+                    policy: "config".into(),
+                    service: name.clone(),
+                    cgroups: vec![t.path.clone()],
+                    dev: None,
+                    knob: "weight".into(),
+                    old: c.old,
+                    new: c.new,
+                    applied: !self.enforcer.dry_run,
+                    reason: "configured weight".into(),
+                    cause: None,
+                },
+                Err(e) => Event::Error {
+                    code: "write_rejected".into(),
+                    message: format!("weight of service '{name}' on {}: {e}", t.path),
+                },
+            });
         }
         out
     }
 
-    fn service_of(&mut self, id: u64, path: Option<&str>) -> Option<ServiceId> {
-        let cfg = &self.config;
-        *self
-            .membership
-            .of_cgroup
-            .entry(id)
-            .or_insert_with(|| path.and_then(|p| Membership::service_of_path(cfg, p)))
+    fn service_of(
+        &mut self,
+        id: u64,
+        path: Option<&str>,
+        containers: &ContainerTable,
+    ) -> Option<ServiceId> {
+        if let Some(&s) = self.membership.of_cgroup.get(&id) {
+            return s;
+        }
+        let s = path.and_then(|p| self.service_of_path(p, containers));
+        self.membership.of_cgroup.insert(id, s);
+        s
     }
 
     /// Per (service, device) stats of this cycle.
@@ -199,6 +473,7 @@ impl Controller {
         &mut self,
         snap: &Snapshot,
         path_of: &dyn Fn(u64) -> Option<String>,
+        containers: &ContainerTable,
     ) -> Vec<DeviceCycle> {
         #[derive(Default)]
         struct Acc {
@@ -217,7 +492,7 @@ impl Controller {
         let mut acc: BTreeMap<(u32, ServiceId), Acc> = BTreeMap::new();
         for d in &snap.deltas {
             let path = path_of(d.key.cgroup_id);
-            let Some(sid) = self.service_of(d.key.cgroup_id, path.as_deref()) else {
+            let Some(sid) = self.service_of(d.key.cgroup_id, path.as_deref(), containers) else {
                 continue;
             };
             if !d.had_requests() && !self.state.contains_key(&(sid, d.key.dev)) {
@@ -254,7 +529,9 @@ impl Controller {
         }
         let mut by_dev: BTreeMap<u32, Vec<ServiceLoad>> = BTreeMap::new();
         for ((dev, sid), a) in acc {
-            let spec = &self.config.services[sid];
+            let Some(spec) = self.spec(sid) else {
+                continue;
+            };
             let sparse = a.hist.sparse();
             let samples = a.hist.samples();
             let st = self.state.get(&(sid, dev)).cloned().unwrap_or_default();
@@ -384,13 +661,15 @@ impl Controller {
         dev: &str,
         dec: crate::policy::Decision,
     ) -> Vec<Event> {
-        let spec = &self.config.services[dec.service];
+        let Some(spec) = self.spec(dec.service) else {
+            return vec![];
+        };
         let name = spec.name.clone();
-        let targets = self
+        let targets: Vec<String> = self
             .membership
             .targets
-            .get(dec.service)
-            .cloned()
+            .get(&dec.service)
+            .map(|t| t.iter().map(|t| t.path.clone()).collect())
             .unwrap_or_default();
         let st = self.state.entry((dec.service, d.dev)).or_default();
         let old = st.limit.get(dec.knob);

@@ -252,6 +252,35 @@ impl Journal {
         out
     }
 
+    /// Closes the entries of knobs in `dir`, a cgroup that vanished (or was re-created:
+    /// the new one never carried our limits). Nothing is written.
+    pub fn release(&mut self, dir: &Path) -> Vec<Restored> {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.entries)
+            .into_iter()
+            .partition(|e| e.file.parent() == Some(dir));
+        self.entries = kept;
+        let mut out: Vec<Restored> = gone
+            .into_iter()
+            .map(|e| Restored {
+                file: e.file.display().to_string(),
+                knob: e.knob,
+                value: e.original,
+                result: "gone".into(),
+            })
+            .collect();
+        if !out.is_empty() {
+            if let Err(e) = self.persist() {
+                out.push(Restored {
+                    file: self.path().display().to_string(),
+                    knob: "journal".into(),
+                    value: String::new(),
+                    result: format!("failed: {e}"),
+                });
+            }
+        }
+        out
+    }
+
     pub fn entries(&self) -> &[JournalEntry] {
         &self.entries
     }
@@ -470,6 +499,14 @@ impl Enforcer {
         }
         write_line(&io.file, &line)?;
         Ok(change)
+    }
+
+    /// Closes the journal entries of a vanished cgroup directory.
+    pub fn release(&mut self, dir: &Path) -> Vec<Restored> {
+        self.journal
+            .as_mut()
+            .map(|j| j.release(dir))
+            .unwrap_or_default()
     }
 
     /// Puts every touched knob back.

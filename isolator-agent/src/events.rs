@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::{
     cgroupfs::CgroupMode,
+    docker::ContainerTable,
     metrics::OpStats,
     naming::{self, QosClass, Runtime, ServiceKind},
 };
@@ -29,6 +30,9 @@ pub struct CgroupRef {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The container's image, when Docker knows the container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<Runtime>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -40,19 +44,24 @@ pub struct CgroupRef {
 }
 
 impl CgroupRef {
-    /// Names a cgroup from its path (see [`crate::naming`]).
-    pub fn new(id: u64, path: Option<String>) -> CgroupRef {
+    /// Names a cgroup from its path (see [`crate::naming`]) and, for a Docker container,
+    /// by the name Docker gives it.
+    pub fn new(id: u64, path: Option<String>, containers: &ContainerTable) -> CgroupRef {
         let named = path.as_deref().map(naming::name_path);
-        let name = match (&named, id) {
-            (Some(n), _) => n.name.clone(),
-            (None, 0) => "unattributed".into(),
-            (None, _) => format!("cgroup {id}"),
-        };
         let kind = named.as_ref().map_or(ServiceKind::Cgroup, |n| n.kind);
         let id_of = |k: ServiceKind| named.as_ref().filter(|n| n.kind == k)?.id.clone();
+        let container_id = id_of(ServiceKind::Container);
+        let docker = container_id.as_deref().and_then(|c| containers.get(c));
+        let name = match (&named, id, docker) {
+            (_, _, Some(c)) => c.name.clone(),
+            (Some(n), _, None) => n.name.clone(),
+            (None, 0, None) => "unattributed".into(),
+            (None, _, None) => format!("cgroup {id}"),
+        };
         CgroupRef {
             id,
-            container_id: id_of(ServiceKind::Container),
+            image: docker.map(|c| c.image.clone()),
+            container_id,
             unit: id_of(ServiceKind::Unit),
             runtime: named.as_ref().and_then(|n| n.runtime),
             pod_uid: named
@@ -98,6 +107,23 @@ pub struct ViolationInfo {
     pub slo: crate::control::SloRef,
     pub vio: Option<f64>,
     pub rate_bps: f64,
+}
+
+/// What became of the SLO a container declares in its `isolator.*` labels.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabelSloInfo {
+    /// `applied`, `overridden` (the config claims the container), `invalid` (a malformed
+    /// label; the container is unconfigured) or `released` (container stopped or labels
+    /// changed).
+    pub outcome: String,
+    pub container: String,
+    pub container_id: String,
+    /// The service that governs the container now (or did, for `released`).
+    pub service: Option<String>,
+    pub slo: Option<crate::control::SloRef>,
+    /// `key=value` of the malformed label (`invalid` only).
+    pub label: Option<String>,
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -199,6 +225,13 @@ pub enum Event {
         reason: String,
         cycles: u64,
     },
+    /// The Docker daemon answered (at start or after being down).
+    DockerConnected {
+        socket: String,
+        api_version: String,
+        containers: usize,
+    },
+    LabelSlo(LabelSloInfo),
 }
 
 impl Event {

@@ -10,6 +10,7 @@ pub mod check;
 pub mod collector;
 pub mod config;
 pub mod control;
+pub mod docker;
 pub mod enforcer;
 pub mod events;
 pub mod labels;

@@ -337,6 +337,9 @@ impl Policy for Adaptive {
         "adaptive"
     }
 
+    fn forget_service(&mut self, id: ServiceId) {
+        self.caps.retain(|&(_, s), _| s != id);
+    }
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = vec![];
         let victim = d

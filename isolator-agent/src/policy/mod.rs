@@ -270,6 +270,9 @@ pub trait Policy: Send {
     fn name(&self) -> &'static str;
     /// One device's cycle in, limit changes out. Deterministic.
     fn decide(&mut self, dev: &DeviceCycle) -> Vec<Decision>;
+    /// The service is gone (its container stopped, its label SLO removed) or starts over
+    /// on new cgroups: drop what is remembered of it. Ids are never reused.
+    fn forget_service(&mut self, _id: ServiceId) {}
 }
 
 pub const POLICY_NAMES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];

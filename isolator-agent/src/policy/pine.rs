@@ -99,6 +99,9 @@ impl Policy for Pine {
     fn name(&self) -> &'static str {
         "pine"
     }
+    fn forget_service(&mut self, id: ServiceId) {
+        self.levels.0.retain(|&(_, s), _| s != id);
+    }
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = throughput_allocation(d);
         for s in &d.services {
@@ -121,6 +124,9 @@ pub struct Priority {
 impl Policy for Priority {
     fn name(&self) -> &'static str {
         "priority"
+    }
+    fn forget_service(&mut self, id: ServiceId) {
+        self.levels.0.retain(|&(_, s), _| s != id);
     }
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = throughput_allocation(d);
