@@ -273,9 +273,6 @@ impl Controller {
             .collect();
         let mut wanted: HashMap<String, (ServiceSpec, SloRef)> = HashMap::new();
         for c in containers.iter() {
-            let Some(&path) = running.get(&c.id) else {
-                continue;
-            };
             let labels = match labels::slo_from_labels(&c.labels) {
                 Ok(Some(slo)) => slo,
                 Ok(None) => continue,
@@ -299,6 +296,9 @@ impl Controller {
                     }
                     continue;
                 }
+            };
+            let Some(&path) = running.get(&c.id) else {
+                continue;
             };
             if let Some(owner) = self
                 .config

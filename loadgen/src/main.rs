@@ -2,7 +2,8 @@
 //! fio is not available). Every run is bounded by bytes and by time.
 //!
 //!   isolator-loadgen --path FILE --op read|write|randread --bytes N [--bs 4096]
-//!                    [--direct] [--fsync] [--threads 1] [--seconds 30] [--offset BYTES]
+//!                    [--direct] [--fsync] [--wrap] [--threads 1] [--seconds 30]
+//!                    [--offset BYTES]
 //!                    [--cgroup DIR]
 //!
 //! Prints one line: `ok op=... bytes=N ios=N secs=F`.
@@ -26,6 +27,9 @@ struct Args {
     bs: usize,
     direct: bool,
     fsync: bool,
+    /// Writes start over at the file's beginning at its end (a preallocated file), so a
+    /// long write load never grows the file.
+    wrap: bool,
     threads: usize,
     seconds: u64,
     offset: u64,
@@ -40,6 +44,7 @@ fn parse() -> Result<Args, String> {
         bs: 4096,
         direct: false,
         fsync: false,
+        wrap: false,
         threads: 1,
         seconds: 30,
         offset: 0,
@@ -59,6 +64,7 @@ fn parse() -> Result<Args, String> {
             "--offset" => a.offset = val()?.parse().map_err(|e| format!("--offset: {e}"))?,
             "--direct" => a.direct = true,
             "--fsync" => a.fsync = true,
+            "--wrap" => a.wrap = true,
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -131,7 +137,7 @@ fn main() -> ExitCode {
         Ok(0) | Err(_) => (&*file).seek(SeekFrom::End(0)).unwrap_or(0),
         Ok(n) => n,
     };
-    if a.op != "write" && file_len < a.bs as u64 {
+    if (a.op != "write" || a.wrap) && file_len < a.bs as u64 {
         eprintln!("isolator-loadgen: {} is smaller than one block", a.path);
         return ExitCode::FAILURE;
     }
@@ -143,7 +149,7 @@ fn main() -> ExitCode {
     let mut handles = vec![];
     for t in 0..a.threads {
         let (file, next, done_bytes) = (file.clone(), next.clone(), done_bytes.clone());
-        let (op, bs, base) = (a.op.clone(), a.bs, a.offset);
+        let (op, bs, base, wrap) = (a.op.clone(), a.bs, a.offset, a.wrap);
         handles.push(std::thread::spawn(move || -> std::io::Result<()> {
             let mut buf = Aligned::new(bs);
             let mut rng = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
@@ -161,6 +167,7 @@ fn main() -> ExitCode {
                         (rng % file_blocks) * bs as u64
                     }
                     "read" => (i % file_blocks) * bs as u64,
+                    _ if wrap => (i % file_blocks) * bs as u64,
                     _ => i * bs as u64,
                 };
                 if op == "write" {
