@@ -453,6 +453,7 @@ impl Agent {
             issue_map_timing: snap.issue_map_timing,
             insert_attached: self.probe.insert_attached(),
             collect_us: started.elapsed().as_micros() as u64,
+            docker_containers: self.docker.as_ref().map(|_| self.registry.containers.len()),
             programs,
         })?;
         self.sink.flush()?;

@@ -164,6 +164,8 @@ pub enum Event {
         issue_map_timing: bool,
         insert_attached: bool,
         collect_us: u64,
+        /// Containers Docker reported that exist now (null: Docker off).
+        docker_containers: Option<usize>,
         /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
         programs: Vec<crate::probe::ProgramStats>,
     },

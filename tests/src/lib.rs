@@ -506,3 +506,189 @@ pub mod noisy {
         )
     }
 }
+
+/// A private Docker daemon (Debian's docker.io) for the container tests: its own socket,
+/// data root and exec root in a scratch directory, no iptables, no bridge, live-restore (so
+/// containers outlive a daemon restart, as the tests need). Containers, the daemon and its
+/// mounts are gone after drop.
+pub struct Dockerd {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    scratch: Scratch,
+}
+
+pub const LOADGEN_IMAGE: &str = "isolator-loadgen:test";
+
+impl Dockerd {
+    pub fn start() -> Dockerd {
+        let have = |b: &str| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {b}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        assert!(
+            have("dockerd") && have("docker"),
+            "dockerd/docker not installed: run scripts/bootstrap.sh (installs Debian's docker.io)"
+        );
+        let scratch = Scratch::new();
+        let socket = scratch.path("docker.sock");
+        let mut d = Dockerd {
+            child: None,
+            socket,
+            scratch,
+        };
+        d.launch();
+        d.import_loadgen_image();
+        d
+    }
+
+    fn launch(&mut self) {
+        let s = &self.scratch;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(s.path("dockerd.log"))
+            .unwrap();
+        let child = Command::new("dockerd")
+            .arg("--host")
+            .arg(format!("unix://{}", self.socket.display()))
+            .arg("--data-root")
+            .arg(s.path("root"))
+            .arg("--exec-root")
+            .arg(s.path("exec"))
+            .arg("--pidfile")
+            .arg(s.path("dockerd.pid"))
+            .args([
+                "--iptables=false",
+                "--ip-forward=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--live-restore",
+                "--exec-opt",
+                "native.cgroupdriver=cgroupfs",
+                "--log-level",
+                "warn",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn dockerd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.try_docker(&["version"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "dockerd did not answer within 60 s; see {}",
+                s.path("dockerd.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops the daemon (SIGTERM), leaving live-restored containers running.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    fn try_docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args)
+            .output()
+            .expect("spawn docker")
+    }
+
+    /// Runs the docker CLI against this daemon; panics with its output on failure.
+    pub fn docker(&self, args: &[&str]) -> String {
+        let out = self.try_docker(args);
+        assert!(
+            out.status.success(),
+            "docker {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The image: a tar holding only the static load generator, `docker import`ed (no
+    /// registry is reachable).
+    fn import_loadgen_image(&self) {
+        let root = self.scratch.path("image");
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::copy(static_loadgen_bin(), root.join("isolator-loadgen")).unwrap();
+        let tar = self.scratch.path("image.tar");
+        run_ok(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&root)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        );
+        self.docker(&["import", tar.to_str().unwrap(), LOADGEN_IMAGE]);
+    }
+
+    /// Full id of a container.
+    pub fn id_of(&self, name: &str) -> String {
+        self.docker(&["inspect", "--format", "{{.Id}}", name])
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let ids = self.try_docker(&["ps", "-aq"]);
+            let ids = String::from_utf8_lossy(&ids.stdout).to_string();
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = self.try_docker(&args);
+            }
+        }
+        self.stop();
+        // Whatever the daemon left mounted under its roots.
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let dir = self.scratch.dir.to_string_lossy().to_string();
+        let mut ours: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in ours {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
+    }
+}
+
+/// The statically linked load generator (`cargo xtask build`), which runs in an image
+/// that holds nothing else.
+pub fn static_loadgen_bin() -> PathBuf {
+    let p = workspace_root().join("target/x86_64-unknown-linux-musl/release/isolator-loadgen");
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask build` first",
+        p.display()
+    );
+    p
+}

@@ -1,0 +1,381 @@
+//! Service discovery against a real dockerd (Debian's docker.io, started here with
+//! --iptables=false --bridge=none): containers named by Docker, label SLOs, config-vs-label
+//! precedence, lifecycle (start, rename, stop, restart) within one cycle, a daemon restart
+//! survived, a bounded table under churn, and the noisy-neighbor control with containers.
+
+use std::{process::Command, time::Duration};
+
+use isolator_tests::*;
+use serde_json::Value;
+
+fn last_cycle(agent: &Agent) -> u64 {
+    agent
+        .events()
+        .iter()
+        .filter(|e| e["type"] == "cycle_end")
+        .filter_map(|e| e["cycle"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Asserts that an event matching `pred` is written before the end of the cycle after the
+/// one in progress when `n` was the last finished cycle: "within one cycle".
+fn within_one_cycle(agent: &Agent, n: u64, what: &str, pred: impl Fn(&Value) -> bool) {
+    let end = n + 2;
+    agent.wait_for(
+        |e| e["type"] == "cycle_end" && e["cycle"].as_u64() >= Some(end),
+        Duration::from_secs(30),
+    );
+    let events = agent.events();
+    let stop = events
+        .iter()
+        .position(|e| e["type"] == "cycle_end" && e["cycle"].as_u64() == Some(end))
+        .unwrap();
+    assert!(
+        events[..stop].iter().any(&pred),
+        "{what}: not seen by the end of cycle {end}"
+    );
+}
+
+fn names_container(e: &Value, name: &str, id: &str) -> bool {
+    e["type"] == "cgroup_stats"
+        && e["cgroup"]["kind"] == "container"
+        && e["cgroup"]["name"] == name
+        && e["cgroup"]["container_id"] == id
+        && e["cgroup"]["image"] == LOADGEN_IMAGE
+}
+
+fn label_slo(e: &Value, outcome: &str, container: &str) -> bool {
+    e["type"] == "label_slo" && e["outcome"] == outcome && e["container"] == container
+}
+
+#[test]
+fn containers_are_named_followed_and_survive_a_daemon_restart() {
+    require_root();
+    let mut d = Dockerd::start();
+    let scratch = Scratch::new();
+    make_file(&scratch.path("r.dat"), 64 << 20);
+    let cfg = scratch.path("isolator.toml");
+    std::fs::write(
+        &cfg,
+        "[[service]]\nname = \"web\"\ncontainer = \"web\"\nclass = \"best-effort\"\n",
+    )
+    .unwrap();
+    let agent = Agent::start(&[
+        "--interval",
+        "1s",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--dry-run",
+        "--docker-socket",
+        d.socket.to_str().unwrap(),
+    ]);
+    agent.wait_for(|e| e["type"] == "docker_connected", Duration::from_secs(30));
+    let data = format!("{}:/data", scratch.dir.display());
+    // A reader that keeps the cgroup busy (bounded: 60 s).
+    let run = |d: &Dockerd, name: &str, labels: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "-v",
+            &data,
+        ];
+        for l in labels {
+            args.extend(["--label", l]);
+        }
+        args.extend([
+            LOADGEN_IMAGE,
+            "/isolator-loadgen",
+            "--path",
+            "/data/r.dat",
+            "--op",
+            "randread",
+            "--bs",
+            "65536",
+            "--bytes",
+            "100000000000",
+            "--direct",
+            "--seconds",
+            "60",
+        ]);
+        d.docker(&args)
+    };
+
+    // Start: named by Docker, label SLO applied.
+    let n = last_cycle(&agent);
+    let db = run(&d, "db", &["isolator.class=latency", "isolator.p999=50ms"]);
+    within_one_cycle(&agent, n, "db named", |e| names_container(e, "db", &db));
+    within_one_cycle(&agent, n, "db's label SLO", |e| {
+        label_slo(e, "applied", "db") && e["slo"]["p999_ns"] == 50_000_000
+    });
+
+    // A malformed label: an event naming container and label; the container is unconfigured.
+    let n = last_cycle(&agent);
+    run(&d, "bad", &["isolator.class=latency", "isolator.p999=-5ms"]);
+    within_one_cycle(&agent, n, "bad label reported", |e| {
+        label_slo(e, "invalid", "bad") && e["label"] == "isolator.p999=-5ms"
+    });
+
+    // Config and labels disagree: the config wins, and says so.
+    let n = last_cycle(&agent);
+    run(&d, "web", &["isolator.class=latency", "isolator.p999=5ms"]);
+    within_one_cycle(&agent, n, "config wins over web's labels", |e| {
+        label_slo(e, "overridden", "web") && e["service"] == "web"
+    });
+
+    // Rename: the cgroup is named anew.
+    let n = last_cycle(&agent);
+    d.docker(&["rename", "db", "db2"]);
+    within_one_cycle(&agent, n, "rename", |e| names_container(e, "db2", &db));
+
+    // Stop: the label service is let go.
+    let n = last_cycle(&agent);
+    d.docker(&["kill", "db2"]);
+    within_one_cycle(&agent, n, "stop releases", |e| {
+        label_slo(e, "released", "db2") || label_slo(e, "released", "db")
+    });
+
+    // Restart: governed and named again.
+    let n = last_cycle(&agent);
+    d.docker(&["start", "db2"]);
+    within_one_cycle(&agent, n, "restart applies", |e| {
+        label_slo(e, "applied", "db2")
+    });
+    within_one_cycle(&agent, n, "restart names", |e| {
+        names_container(e, "db2", &db)
+    });
+
+    // The daemon goes away: a warning, and the agent keeps going.
+    d.stop();
+    agent.wait_for(
+        |e| e["type"] == "warning" && e["code"] == "docker_down",
+        Duration::from_secs(30),
+    );
+    let n = last_cycle(&agent);
+    agent.wait_cycles(2);
+    assert!(last_cycle(&agent) >= n + 2, "agent stopped cycling");
+    // ... and comes back: reconnected within the backoff, names still right.
+    d.restart();
+    agent.wait_for(
+        |e| e["type"] == "docker_connected" && e["containers"].as_u64() >= Some(3),
+        Duration::from_secs(60),
+    );
+    agent.wait_cycles(1);
+    let n = last_cycle(&agent);
+    let late = run(&d, "late", &[]);
+    within_one_cycle(&agent, n, "container after the daemon restart", |e| {
+        names_container(e, "late", &late)
+    });
+    let downs = agent
+        .events()
+        .iter()
+        .filter(|e| e["code"] == "docker_down")
+        .count();
+    assert_eq!(downs, 1, "the outage is said once");
+
+    // Churn: short-lived containers come and go; the table holds what exists only.
+    let before = d.docker(&["ps", "-aq"]).lines().count();
+    let churn = format!(
+        "seq 40 | xargs -P 8 -I{{}} docker -H unix://{} run --rm --network none {LOADGEN_IMAGE} /isolator-loadgen --path /isolator-loadgen --op read --bs 4096 --bytes 4096",
+        d.socket.display()
+    );
+    run_ok(Command::new("sh").args(["-c", &churn]));
+    agent.wait_cycles(3);
+    let events = agent.events();
+    let last_end = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "cycle_end")
+        .unwrap();
+    assert_eq!(
+        last_end["docker_containers"].as_u64(),
+        Some(before as u64),
+        "container table not back to the {before} containers that exist after churn"
+    );
+    drop(agent);
+}
+
+/// The noisy-neighbor control of the SLO issue, with containers: `db` declares a latency SLO
+/// in its labels, `backup` is a best-effort service of the config by container name.
+#[test]
+fn noisy_neighbor_control_works_with_containers() {
+    require_root();
+    let d = Dockerd::start();
+    let scratch = Scratch::new();
+    make_file(&scratch.path("r.dat"), 512 << 20);
+    run_ok(
+        Command::new("fallocate")
+            .args(["-l", "4G"])
+            .arg(scratch.path("w.dat")),
+    );
+    let cfg = scratch.path("isolator.toml");
+    std::fs::write(
+        &cfg,
+        "[[service]]\nname = \"backup\"\ncontainer = \"backup\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
+    )
+    .unwrap();
+    let journal = scratch.path("journal");
+    let slo_ms = 6u64;
+    let agent = Agent::start(&[
+        "--interval",
+        "1s",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--journal-dir",
+        journal.to_str().unwrap(),
+        "--docker-socket",
+        d.socket.to_str().unwrap(),
+    ]);
+    agent.wait_for(|e| e["type"] == "docker_connected", Duration::from_secs(30));
+    let data = format!("{}:/data", scratch.dir.display());
+    let p999 = format!("isolator.p999={slo_ms}ms");
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "db",
+        "--network",
+        "none",
+        "-v",
+        &data,
+        "--label",
+        "isolator.class=latency",
+        "--label",
+        &p999,
+        LOADGEN_IMAGE,
+        "/isolator-loadgen",
+        "--path",
+        "/data/r.dat",
+        "--op",
+        "randread",
+        "--bs",
+        "4096",
+        "--bytes",
+        "100000000000",
+        "--direct",
+        "--seconds",
+        "40",
+    ]);
+    std::thread::sleep(Duration::from_secs(6));
+    let backup = d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "backup",
+        "--network",
+        "none",
+        "-v",
+        &data,
+        LOADGEN_IMAGE,
+        "/isolator-loadgen",
+        "--path",
+        "/data/w.dat",
+        "--op",
+        "write",
+        "--wrap",
+        "--bs",
+        "1048576",
+        "--threads",
+        "32",
+        "--bytes",
+        "100000000000000",
+        "--direct",
+        "--seconds",
+        "30",
+    ]);
+    let wait = d.docker(&["wait", "backup"]);
+    assert_eq!(wait, "0", "writer container failed");
+    agent.wait_cycles(1);
+    let mut agent = agent;
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "agent: {stderr}");
+    let events = agent.events();
+
+    // Both named and governed: the label SLO applied, the writer's cgroup limited.
+    assert!(events.iter().any(|e| label_slo(e, "applied", "db")));
+    let cycle = |e: &Value| e["cycle"].as_u64().unwrap();
+    let stats = |name: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["type"] == "service_stats" && e["service"] == name)
+            .cloned()
+            .collect()
+    };
+    let (db_stats, backup_stats) = (stats("db"), stats("backup"));
+    let writer_cycles: Vec<u64> = backup_stats
+        .iter()
+        .filter(|e| e["write_mbps"].as_f64().unwrap() > 20.0)
+        .map(cycle)
+        .collect();
+    assert!(
+        !writer_cycles.is_empty(),
+        "the writer was never seen as service 'backup'"
+    );
+    let (w_first, w_last) = (writer_cycles[0], *writer_cycles.last().unwrap());
+    for e in &db_stats {
+        let b = backup_stats.iter().find(|b| cycle(b) == cycle(e));
+        println!(
+            "cycle {} db {} p999 {:.2} ms | backup {:.0} MB/s limit {}",
+            cycle(e),
+            e["state"],
+            e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6,
+            b.map_or(0.0, |b| b["write_mbps"].as_f64().unwrap()),
+            b.map_or(Value::Null, |b| b["limit"]["wbps"].clone())
+        );
+    }
+    let violating = |c: u64| {
+        db_stats
+            .iter()
+            .any(|e| cycle(e) == c && e["state"] == "violating")
+    };
+    assert!(
+        (3..w_first.saturating_sub(1)).all(|c| !violating(c)),
+        "violating before the writer started"
+    );
+    assert!(
+        (w_first..=w_first + 3).any(|c| !violating(c)),
+        "still violating 3 cycles after the writer started at {w_first}"
+    );
+    let after: Vec<u64> = (w_first + 4..w_last).filter(|&c| violating(c)).collect();
+    let span = (w_last - w_first - 4).max(1);
+    assert!(
+        after.len() as u64 * 5 <= span,
+        "violating in {} of {span} cycles after converging: {after:?}",
+        after.len()
+    );
+    assert!(
+        !after.windows(4).any(|w| w[3] == w[0] + 3),
+        "four violating cycles in a row: {after:?}"
+    );
+    let w_mbps: Vec<f64> = backup_stats
+        .iter()
+        .filter(|e| (w_first + 4..w_last).contains(&cycle(e)))
+        .map(|e| e["write_mbps"].as_f64().unwrap())
+        .collect();
+    let mean = w_mbps.iter().sum::<f64>() / w_mbps.len().max(1) as f64;
+    println!("writer container kept {mean:.0} MB/s after convergence");
+    assert!(mean >= 30.0, "writer starved: {mean:.0} MB/s");
+    // The limit went on the container's own cgroup, and came off again.
+    let decision = events
+        .iter()
+        .find(|e| e["type"] == "decision" && e["service"] == "backup")
+        .expect("no decision on the writer");
+    assert_eq!(decision["cause"]["victim"], "db");
+    assert_eq!(decision["cgroups"][0], format!("/docker/{backup}"));
+    let restores: Vec<&Value> = events.iter().filter(|e| e["type"] == "restore").collect();
+    assert!(!restores.is_empty(), "nothing restored");
+    assert!(
+        restores
+            .iter()
+            .all(|r| r["result"] == "restored" || r["result"] == "gone"),
+        "a knob was not put back: {restores:?}"
+    );
+    assert!(
+        !journal.join("journal.json").exists(),
+        "journal left behind"
+    );
+}
