@@ -116,20 +116,6 @@ fn is_settled(s: &ServiceLoad, cycle: u64) -> bool {
     s.changed_cycle.is_none_or(|c| cycle >= c + SETTLED_CYCLES)
 }
 
-/// An uncapped aggressor's rate while it was busy. A load that started mid-cycle shows
-/// half its rate in a cycle's average, and a cut from that average is half as deep as the
-/// victim needs: one more violating cycle. The busy fraction of a closed-loop load is its
-/// mean over its peak in-flight count (Little's law); at most a 4x correction, and none
-/// for a load too shallow to tell.
-fn active_rate_bps(s: &ServiceLoad) -> f64 {
-    let busy = if s.peak_inflight >= 4 && s.mean_inflight > 0.0 {
-        (s.mean_inflight / s.peak_inflight as f64).clamp(0.25, 1.0)
-    } else {
-        1.0
-    };
-    s.bps() / busy
-}
-
 fn class_rank(s: &ServiceLoad) -> Option<u8> {
     match s.class {
         SloClass::BestEffort => Some(0),
@@ -174,7 +160,7 @@ impl Adaptive {
         let current = a
             .limit
             .total_bps()
-            .map_or_else(|| active_rate_bps(a), |c| (c as f64).min(a.bps().max(1.0)));
+            .map_or(a.bps(), |c| (c as f64).min(a.bps().max(1.0)));
         // A cap that held for a while sits near the knee: a lone violation there is noise
         // or a small load change, so cut gently; a second one cuts decisively.
         let settled = a.limit.total_bps().is_some() && is_settled(a, d.cycle);

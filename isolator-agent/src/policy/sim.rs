@@ -370,36 +370,6 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_cuts_a_writer_that_started_mid_cycle_as_deep_as_a_full_cycle_one() {
-        // The first violating cycle, as measured, and as it looks when the writer started
-        // half-way through it: half the bytes, half the mean in-flight, same peak.
-        let mut disk = noisy_pair(5.0);
-        disk.cycle = 5;
-        let full = disk.step();
-        let w = full
-            .services
-            .iter()
-            .position(|s| s.name == "writer")
-            .unwrap();
-        assert!(full.services[w].peak_inflight >= 4, "a deep writer");
-        let mut half = full.clone();
-        half.services[w].write_bps /= 2.0;
-        half.services[w].mean_inflight /= 2.0;
-        let cap = |c: &DeviceCycle| {
-            let d = Adaptive::default().decide(c);
-            d.iter()
-                .find(|d| d.service == w)
-                .and_then(|d| d.to)
-                .unwrap() as f64
-        };
-        let (cf, ch) = (cap(&full), cap(&half));
-        assert!(
-            (ch / cf - 1.0).abs() < 0.05,
-            "cap from the half cycle {ch} vs full {cf}"
-        );
-    }
-
-    #[test]
     fn adaptive_turns_the_victims_own_concurrency_only_when_alone() {
         // A deep-queue latency service alone on the disk: nobody else to throttle.
         let mut disk = SimDisk::new(vec![SimService::latency("deep", 1.0, 16.0)]);
