@@ -343,9 +343,9 @@ impl Agent {
                     self.sink.emit(&Event::Warning {
                         code: "docker_down".into(),
                         message: format!(
-                            "Docker is not reachable ({error}); containers are named by id until it is back (retrying every {}s at most {}s)",
+                            "Docker is not reachable ({error}); containers are named by id until it is back (next try in {}s, then backing off to every {}s)",
                             retry_in.as_secs(),
-                            30
+                            docker::BACKOFF_MAX.as_secs()
                         ),
                     })?;
                 }

@@ -66,7 +66,8 @@ pub enum Matcher {
     Cgroup(glob::Pattern),
     /// Glob over systemd unit names, e.g. `postgresql@*.service`.
     Unit(glob::Pattern),
-    /// Glob over container ids (full or the 12-hex short id), e.g. `3f4e5d6c7b8a*`.
+    /// Glob over Docker container names and container ids (full or the 12-hex short id),
+    /// e.g. `pg-*` or `3f4e5d6c7b8a*`.
     Container(glob::Pattern),
     /// Glob over Kubernetes pod UIDs: the pod's cgroup (its containers are below it).
     Pod(glob::Pattern),
@@ -80,6 +81,34 @@ pub enum Matcher {
 }
 
 impl Matcher {
+    /// The matcher a config key spells. Cgroup paths are anchored at the hierarchy root;
+    /// a label is `key` or `key=glob`.
+    fn parse(key: &str, text: &str) -> Result<Matcher, String> {
+        let glob = |t: &str| glob::Pattern::new(t.trim()).map_err(|e| e.to_string());
+        Ok(match key {
+            "cgroup" if !text.starts_with('/') => Matcher::Cgroup(glob(&format!("/{text}"))?),
+            "cgroup" => Matcher::Cgroup(glob(text)?),
+            "unit" => Matcher::Unit(glob(text)?),
+            "container" => Matcher::Container(glob(text)?),
+            "pod" => Matcher::Pod(glob(text)?),
+            "image" => Matcher::Image(glob(text)?),
+            "label" => {
+                let (k, value) = match text.split_once('=') {
+                    Some((k, v)) => (k.trim(), Some(glob(v)?)),
+                    None => (text.trim(), None),
+                };
+                if k.is_empty() {
+                    return Err("the label key is empty".into());
+                }
+                Matcher::Label {
+                    key: k.to_string(),
+                    value,
+                }
+            }
+            _ => unreachable!("config keys are fixed by RawService"),
+        })
+    }
+
     pub fn key(&self) -> &'static str {
         match self {
             Matcher::Cgroup(_) => "cgroup",
@@ -107,7 +136,8 @@ impl Matcher {
         }
     }
 
-    /// Whether the matcher names an owner (unit, container, pod) rather than a path:
+    /// Whether the matcher names an owner (unit, container, pod, image, label) rather than a
+    /// path:
     /// owners come and go, so matching nothing at start is not an error.
     pub fn is_owner(&self) -> bool {
         !matches!(self, Matcher::Cgroup(_))
@@ -182,33 +212,6 @@ struct RawService {
     floor: Option<Spanned<String>>,
     ceiling: Option<Spanned<String>>,
     weight: Option<Spanned<i64>>,
-}
-
-/// Placeholder in the table of matcher kinds; `label` values are parsed by
-/// [`parse_label_matcher`].
-fn label_matcher(_: glob::Pattern) -> Matcher {
-    Matcher::Label {
-        key: String::new(),
-        value: None,
-    }
-}
-
-/// `key` or `key=glob`.
-fn parse_label_matcher(text: &str) -> Result<Matcher, String> {
-    let (key, value) = match text.split_once('=') {
-        Some((k, v)) => (
-            k.trim(),
-            Some(glob::Pattern::new(v.trim()).map_err(|e| e.to_string())?),
-        ),
-        None => (text.trim(), None),
-    };
-    if key.is_empty() {
-        return Err("the label key is empty".into());
-    }
-    Ok(Matcher::Label {
-        key: key.to_string(),
-        value,
-    })
 }
 
 fn spanned_text(f: &Option<Spanned<String>>) -> Option<&str> {
@@ -538,16 +541,14 @@ impl Config {
             let mut matchers = Vec::new();
             let mut match_line = None;
             let kinds = [
-                (&s.cgroup, Matcher::Cgroup as fn(_) -> Matcher),
-                (&s.unit, Matcher::Unit),
-                (&s.container, Matcher::Container),
-                (&s.pod, Matcher::Pod),
-                (&s.image, Matcher::Image),
-                (&s.label, label_matcher),
+                ("cgroup", &s.cgroup),
+                ("unit", &s.unit),
+                ("container", &s.container),
+                ("pod", &s.pod),
+                ("image", &s.image),
+                ("label", &s.label),
             ];
-            for (raw, matcher) in kinds {
-                // The TOML key, as the matcher itself spells it.
-                let key = matcher(glob::Pattern::default()).key();
+            for (key, raw) in kinds {
                 let Some(raw) = raw else { continue };
                 let glob_text = raw.get_ref().trim();
                 if glob_text.is_empty() {
@@ -556,20 +557,7 @@ impl Config {
                         format!("{key} of service '{name}' is empty; give a glob"),
                     ));
                 }
-                // Cgroup paths are anchored at the hierarchy root.
-                let glob_text = if key == "cgroup" && !glob_text.starts_with('/') {
-                    format!("/{glob_text}")
-                } else {
-                    glob_text.to_string()
-                };
-                let m = if key == "label" {
-                    parse_label_matcher(&glob_text)
-                } else {
-                    glob::Pattern::new(&glob_text)
-                        .map(matcher)
-                        .map_err(|e| e.to_string())
-                };
-                let m = m.map_err(|e| {
+                let m = Matcher::parse(key, glob_text).map_err(|e| {
                     err(
                         raw.span(),
                         format!("{key} glob '{glob_text}' is invalid ({e}); fix the pattern"),
@@ -627,14 +615,19 @@ impl Config {
         let mut owner: HashMap<&str, usize> = HashMap::new();
         // Docker has not been asked yet: container names, images and labels match later.
         let no_containers = ContainerTable::default();
+        let owners: Vec<Owner> = cgroup_paths
+            .iter()
+            .map(|p| Owner::of(p, &no_containers))
+            .collect();
         for (i, s) in self.services.iter().enumerate() {
             let mut any = false;
-            for p in cgroup_paths {
-                if !s.matches(p, &no_containers) {
+            for o in &owners {
+                let p = o.path;
+                if !s.matches_owner(o) {
                     continue;
                 }
                 any = true;
-                if let Some(&j) = owner.get(p.as_str()) {
+                if let Some(&j) = owner.get(p) {
                     let other = &self.services[j];
                     return Err(ConfigError {
                         file: file.into(),
@@ -665,17 +658,40 @@ impl Config {
     }
 }
 
+/// A cgroup as matchers see it: its path, what the path says of its owner, and what Docker
+/// says of the container when it is one. Named once, matched against every service.
+pub struct Owner<'a> {
+    pub path: &'a str,
+    pub named: PathName,
+    pub container: Option<&'a ContainerInfo>,
+}
+
+impl<'a> Owner<'a> {
+    pub fn of(path: &'a str, containers: &'a ContainerTable) -> Owner<'a> {
+        let named = naming::name_path(path);
+        let container = (named.kind == ServiceKind::Container)
+            .then(|| containers.get(named.id.as_deref()?))
+            .flatten();
+        Owner {
+            path,
+            named,
+            container,
+        }
+    }
+}
+
 impl ServiceSpec {
     /// Whether the cgroup at `cgroup_path` is one of the service's own (all matchers match).
     /// Docker's view of containers comes from `containers`.
     pub fn matches(&self, cgroup_path: &str, containers: &ContainerTable) -> bool {
-        let named = naming::name_path(cgroup_path);
-        let container = (named.kind == ServiceKind::Container)
-            .then(|| containers.get(named.id.as_deref()?))
-            .flatten();
+        self.matches_owner(&Owner::of(cgroup_path, containers))
+    }
+
+    /// [`ServiceSpec::matches`] for a cgroup already named.
+    pub fn matches_owner(&self, o: &Owner) -> bool {
         self.matchers
             .iter()
-            .all(|m| m.matches(cgroup_path, &named, container))
+            .all(|m| m.matches(o.path, &o.named, o.container))
     }
 
     /// `cgroup glob '/db'`, `unit glob 'pg*.service' and cgroup glob '/system.slice/*'`.

@@ -12,14 +12,14 @@ use serde::Serialize;
 use crate::{
     cgroupfs::IoHierarchy,
     collector::Snapshot,
-    config::{Config, Matcher, ServiceSpec, SloClass},
+    config::{Config, Matcher, Owner, ServiceSpec, SloClass},
     docker::ContainerTable,
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
     events::LabelSloInfo,
     labels,
     metrics::{percentile, HistSum},
-    naming::{self, ServiceKind},
+    naming::ServiceKind,
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId, ServiceLoad},
 };
 
@@ -74,6 +74,26 @@ struct Membership {
     of_cgroup: HashMap<u64, Option<ServiceId>>,
     /// service -> the cgroup directories its matchers take (where limits are written).
     targets: HashMap<ServiceId, Vec<Target>>,
+}
+
+/// A `label_slo` event; its service and SLO come from `service`.
+fn label_event(
+    outcome: &str,
+    container: &str,
+    container_id: &str,
+    service: Option<&ServiceSpec>,
+    label: Option<String>,
+    message: String,
+) -> Event {
+    Event::LabelSlo(LabelSloInfo {
+        outcome: outcome.into(),
+        container: container.into(),
+        container_id: container_id.into(),
+        service: service.map(|s| s.name.clone()),
+        slo: service.map(|s| s.class.into()),
+        label,
+        message,
+    })
 }
 
 /// A service declared by a container's `isolator.*` labels.
@@ -185,8 +205,8 @@ impl Controller {
 
     /// Follows the cgroups that exist (`all_paths`, a fresh walk) and what Docker says of
     /// containers: label services come and go, each service's targets are re-matched, and a
-    /// service whose cgroups vanished or were re-created starts over (its journal entries
-    /// for vanished cgroups are closed: nothing is left to restore there).
+    /// service whose cgroups left it, vanished or were re-created starts over (its journal
+    /// entries for vanished cgroups are closed: nothing is left to restore there).
     pub fn refresh(
         &mut self,
         hierarchy: &IoHierarchy,
@@ -194,7 +214,9 @@ impl Controller {
         containers: &ContainerTable,
         cycle: u64,
     ) -> Vec<Event> {
-        let mut events = self.sync_label_services(all_paths, containers);
+        // Each cgroup is named once, then matched against every service.
+        let owners: Vec<Owner> = all_paths.iter().map(|p| Owner::of(p, containers)).collect();
+        let mut events = self.sync_label_services(&owners, containers);
         let ino = |p: &str| {
             std::fs::metadata(hierarchy.dir_of(p))
                 .map(|m| m.ino())
@@ -203,12 +225,12 @@ impl Controller {
         let new_targets: HashMap<ServiceId, Vec<Target>> = self
             .specs()
             .map(|(sid, s)| {
-                let t = all_paths
+                let t = owners
                     .iter()
-                    .filter(|p| s.matches(p, containers))
-                    .map(|p| Target {
-                        path: p.clone(),
-                        ino: ino(p),
+                    .filter(|o| s.matches_owner(o))
+                    .map(|o| Target {
+                        path: o.path.to_string(),
+                        ino: ino(o.path),
                     })
                     .collect();
                 (sid, t)
@@ -221,7 +243,8 @@ impl Controller {
                 .iter()
                 .filter(|t| new.is_none_or(|n| !n.contains(t)))
                 .collect();
-            if lost.is_empty() {
+            // A service that is gone (a label service let go) starts over too.
+            if lost.is_empty() && new.is_some() {
                 continue;
             }
             for t in lost {
@@ -256,72 +279,60 @@ impl Controller {
 
     /// Adds a service per labelled running container, unless the config claims its cgroup
     /// (the config wins, and says so); drops those whose container stopped or lost its
-    /// labels. Every outcome is an event, said once.
-    fn sync_label_services(
-        &mut self,
-        all_paths: &[String],
-        containers: &ContainerTable,
-    ) -> Vec<Event> {
+    /// labels (their state goes in [`Controller::refresh`], with their targets). Every
+    /// outcome is an event, said once.
+    fn sync_label_services(&mut self, owners: &[Owner], containers: &ContainerTable) -> Vec<Event> {
         let mut events = vec![];
         // Running containers: those with a cgroup now.
-        let running: HashMap<String, &String> = all_paths
+        let running: HashMap<&str, &Owner> = owners
             .iter()
-            .filter_map(|p| {
-                let n = naming::name_path(p);
-                (n.kind == ServiceKind::Container).then(|| Some((n.id?, p)))?
-            })
+            .filter(|o| o.named.kind == ServiceKind::Container)
+            .filter_map(|o| Some((o.named.id.as_deref()?, o)))
             .collect();
-        let mut wanted: HashMap<String, (ServiceSpec, SloRef)> = HashMap::new();
+        let mut wanted: HashMap<&str, ServiceSpec> = HashMap::new();
         for c in containers.iter() {
             let labels = match labels::slo_from_labels(&c.labels) {
                 Ok(Some(slo)) => slo,
                 Ok(None) => continue,
                 Err(e) => {
-                    if self
-                        .reported
-                        .insert(format!("label:{}:{}={}", c.id, e.label, e.value))
-                    {
-                        events.push(Event::LabelSlo(LabelSloInfo {
-                            outcome: "invalid".into(),
-                            container: c.name.clone(),
-                            container_id: c.id.clone(),
-                            service: None,
-                            slo: None,
-                            label: Some(format!("{}={}", e.label, e.value)),
-                            message: format!(
-                                "container '{}': {e}; the container is treated as unconfigured",
-                                c.name
-                            ),
-                        }));
+                    let label = format!("{}={}", e.label, e.value);
+                    if self.reported.insert(format!("label:{}:{label}", c.id)) {
+                        let message = format!(
+                            "container '{}': {e}; the container is treated as unconfigured",
+                            c.name
+                        );
+                        events.push(label_event(
+                            "invalid",
+                            &c.name,
+                            &c.id,
+                            None,
+                            Some(label),
+                            message,
+                        ));
                     }
                     continue;
                 }
             };
-            let Some(&path) = running.get(&c.id) else {
+            let Some(&owner) = running.get(c.id.as_str()) else {
                 continue;
             };
-            if let Some(owner) = self
-                .config
-                .services
-                .iter()
-                .find(|s| s.matches(path, containers))
-            {
+            if let Some(claimed) = self.config.services.iter().find(|s| s.matches_owner(owner)) {
                 if self.reported.insert(format!("overridden:{}", c.id)) {
-                    events.push(Event::LabelSlo(LabelSloInfo {
-                        outcome: "overridden".into(),
-                        container: c.name.clone(),
-                        container_id: c.id.clone(),
-                        service: Some(owner.name.clone()),
-                        slo: Some(owner.class.into()),
-                        label: None,
-                        message: format!(
-                            "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
-                            c.name,
-                            SloRef::from(labels.class).describe(),
-                            owner.name,
-                            owner.line
-                        ),
-                    }));
+                    let message = format!(
+                        "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
+                        c.name,
+                        SloRef::from(labels.class).describe(),
+                        claimed.name,
+                        claimed.line
+                    );
+                    events.push(label_event(
+                        "overridden",
+                        &c.name,
+                        &c.id,
+                        Some(claimed),
+                        None,
+                        message,
+                    ));
                 }
                 continue;
             }
@@ -338,64 +349,60 @@ impl Controller {
                 line: 0,
                 match_line: 0,
             };
-            wanted.insert(c.id.clone(), (spec, labels.class.into()));
+            wanted.insert(&c.id, spec);
         }
         // Gone or changed: released (a changed one comes back below with a new id).
         let stale: Vec<ServiceId> = self
             .labelled
             .iter()
-            .filter(|(_, l)| {
-                wanted
-                    .get(&l.container_id)
-                    .is_none_or(|(spec, _)| *spec != l.spec)
-            })
+            .filter(|(_, l)| wanted.get(l.container_id.as_str()) != Some(&l.spec))
             .map(|(&id, _)| id)
             .collect();
         for sid in stale {
             let l = self.labelled.remove(&sid).expect("listed above");
-            self.state.retain(|&(s, _), _| s != sid);
-            self.policy.forget_service(sid);
-            events.push(Event::LabelSlo(LabelSloInfo {
-                outcome: "released".into(),
-                container: containers
-                    .get(&l.container_id)
-                    .map_or_else(|| l.spec.name.clone(), |c| c.name.clone()),
-                container_id: l.container_id.clone(),
-                service: Some(l.spec.name.clone()),
-                slo: Some(l.spec.class.into()),
-                label: None,
-                message: format!(
-                    "service '{}' let go: its container stopped or its labels changed",
-                    l.spec.name
-                ),
-            }));
+            let container = containers
+                .get(&l.container_id)
+                .map_or(l.spec.name.as_str(), |c| c.name.as_str());
+            let message = format!(
+                "service '{}' let go: its container stopped or its labels changed",
+                l.spec.name
+            );
+            events.push(label_event(
+                "released",
+                container,
+                &l.container_id,
+                Some(&l.spec),
+                None,
+                message,
+            ));
         }
-        let have: HashSet<String> = self
+        let have: HashSet<&str> = self
             .labelled
             .values()
-            .map(|l| l.container_id.clone())
+            .map(|l| l.container_id.as_str())
             .collect();
-        let mut new: Vec<(String, (ServiceSpec, SloRef))> = wanted
+        let mut new: Vec<(&str, ServiceSpec)> = wanted
             .into_iter()
             .filter(|(id, _)| !have.contains(id))
             .collect();
-        new.sort_by(|a, b| a.0.cmp(&b.0));
-        for (container_id, (spec, slo)) in new {
+        new.sort_by(|a, b| a.0.cmp(b.0));
+        for (container_id, spec) in new {
+            let message = format!(
+                "container '{}' governed by its labels: {}",
+                spec.name,
+                SloRef::from(spec.class).describe()
+            );
+            events.push(label_event(
+                "applied",
+                &spec.name,
+                container_id,
+                Some(&spec),
+                None,
+                message,
+            ));
             let sid = self.next_label_id;
             self.next_label_id += 1;
-            events.push(Event::LabelSlo(LabelSloInfo {
-                outcome: "applied".into(),
-                container: spec.name.clone(),
-                container_id: container_id.clone(),
-                service: Some(spec.name.clone()),
-                message: format!(
-                    "container '{}' governed by its labels: {}",
-                    spec.name,
-                    slo.describe()
-                ),
-                slo: Some(slo),
-                label: None,
-            }));
+            let container_id = container_id.to_string();
             self.labelled
                 .insert(sid, LabelService { container_id, spec });
         }

@@ -50,7 +50,7 @@ pub enum DockerUpdate {
 /// are filtered out by the daemon.
 const EVENTS: [&str; 6] = ["create", "start", "rename", "die", "update", "destroy"];
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Seconds bollard waits for one API request.
 const REQUEST_TIMEOUT_S: u64 = 10;
 

@@ -241,6 +241,12 @@ impl Journal {
         }
         kept.reverse();
         self.entries = kept;
+        self.persist_into(&mut out);
+        out
+    }
+
+    /// Writes the journal after entries left it; a failure is one more line of the report.
+    fn persist_into(&self, out: &mut Vec<Restored>) {
         if let Err(e) = self.persist() {
             out.push(Restored {
                 file: self.path().display().to_string(),
@@ -249,7 +255,6 @@ impl Journal {
                 result: format!("failed: {e}"),
             });
         }
-        out
     }
 
     /// Closes the entries of knobs in `dir`, a cgroup that vanished (or was re-created:
@@ -269,14 +274,7 @@ impl Journal {
             })
             .collect();
         if !out.is_empty() {
-            if let Err(e) = self.persist() {
-                out.push(Restored {
-                    file: self.path().display().to_string(),
-                    knob: "journal".into(),
-                    value: String::new(),
-                    result: format!("failed: {e}"),
-                });
-            }
+            self.persist_into(&mut out);
         }
         out
     }

@@ -121,20 +121,11 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
         Mode::Policy(p) => p,
         _ => "adaptive",
     };
-    let mut args = vec![
-        "--interval",
-        "1s",
-        "--config",
-        config.to_str().unwrap(),
-        "--journal-dir",
-        journal.to_str().unwrap(),
-        "--policy",
-        policy,
-    ];
+    let mut args = vec!["--policy", policy];
     if !matches!(mode, Mode::Policy(_)) {
         args.push("--dry-run");
     }
-    let mut agent = Agent::start(&args);
+    let mut agent = Agent::start_controlling(&config, &journal, &args);
     let run = noisy::run_pair(
         s.scratch,
         (&db, &backup),
