@@ -874,6 +874,7 @@ floor = "20MB/s"
             name: "pg-main".into(),
             image: "postgres:16".into(),
             labels: [("tier".to_string(), "database".to_string())].into(),
+            running: true,
         }));
         assert!(by_name.matches(&path, &t));
         assert!(by_image.matches(&path, &t));

@@ -283,7 +283,7 @@ impl Controller {
     /// outcome is an event, said once.
     fn sync_label_services(&mut self, owners: &[Owner], containers: &ContainerTable) -> Vec<Event> {
         let mut events = vec![];
-        // Running containers: those with a cgroup now.
+        // Containers with a cgroup now.
         let running: HashMap<&str, &Owner> = owners
             .iter()
             .filter(|o| o.named.kind == ServiceKind::Container)
@@ -313,7 +313,8 @@ impl Controller {
                     continue;
                 }
             };
-            let Some(&owner) = running.get(c.id.as_str()) else {
+            // Docker says a container stopped before its cgroup is gone: its word first.
+            let Some(&owner) = running.get(c.id.as_str()).filter(|_| c.running) else {
                 continue;
             };
             if let Some(claimed) = self.config.services.iter().find(|s| s.matches_owner(owner)) {
@@ -761,5 +762,92 @@ impl Controller {
             .into_iter()
             .map(|r| Event::restore(reason, r))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cgroupfs::CgroupMode,
+        docker::{ContainerInfo, DockerUpdate},
+    };
+
+    fn outcomes(events: &[Event]) -> Vec<(String, String)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::LabelSlo(l) => Some((l.outcome.clone(), l.container.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn label_services_follow_what_docker_says() {
+        // A dry-run controller over a hierarchy that does not exist: nothing is written.
+        let hierarchy = IoHierarchy {
+            mode: CgroupMode::V1,
+            root: "/nonexistent-isolator-test".into(),
+            io_enabled: true,
+        };
+        let config = Config::parse(
+            "c.toml",
+            "[[service]]\nname='web'\ncontainer='web'\nclass='best-effort'\n",
+        )
+        .unwrap();
+        let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
+        let mut c = Controller::new(config, policy, Enforcer::new(CgroupMode::V1, None));
+        let id = |n: u8| format!("{n:064x}");
+        let info = |n: u8, name: &str, labels: &[(&str, &str)], running: bool| ContainerInfo {
+            id: id(n),
+            name: name.into(),
+            image: "img".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            running,
+        };
+        let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];
+        let mut table = ContainerTable::default();
+        table.apply(&DockerUpdate::Connected {
+            api_version: "1.41".into(),
+            containers: vec![
+                info(1, "db", &slo, true),
+                info(2, "web", &slo, true),
+                info(3, "bad", &[("isolator.class", "fast")], true),
+            ],
+        });
+        let paths: Vec<String> = (1..=3).map(|n| format!("/docker/{}", id(n))).collect();
+        let ev = c.refresh(&hierarchy, &paths, &table, 1);
+        let mut got = outcomes(&ev);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("applied".to_string(), "db".to_string()),
+                ("invalid".into(), "bad".into()),
+                ("overridden".into(), "web".into()),
+            ]
+        );
+        // Said once: the same refresh again says nothing.
+        assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
+
+        // Docker says db stopped while its cgroup is still there: let go now.
+        table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, false)));
+        let ev = c.refresh(&hierarchy, &paths, &table, 3);
+        assert_eq!(outcomes(&ev), [("released".to_string(), "db".to_string())]);
+        assert!(c.labelled.is_empty());
+        assert!(
+            c.membership.targets.keys().all(|&s| s < 1),
+            "only 'web' left"
+        );
+
+        // Started again: a new service (ids are never reused).
+        table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, true)));
+        let ev = c.refresh(&hierarchy, &paths, &table, 4);
+        assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
+        assert_eq!(c.labelled.keys().copied().collect::<Vec<_>>(), [2]);
     }
 }

@@ -13,6 +13,7 @@ use std::{
 };
 
 use bollard::{
+    models::ContainerSummaryStateEnum,
     query_parameters::{EventsOptions, ListContainersOptions},
     Docker,
 };
@@ -29,6 +30,8 @@ pub struct ContainerInfo {
     /// Image as the container was created from (`repo:tag` or an image id).
     pub image: String,
     pub labels: HashMap<String, String>,
+    /// Running (or paused): Docker's word, which comes before its cgroup is removed.
+    pub running: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -182,6 +185,10 @@ async fn list(
                 .unwrap_or_else(|| id.chars().take(12).collect());
             Some(ContainerInfo {
                 name,
+                running: matches!(
+                    s.state,
+                    Some(ContainerSummaryStateEnum::RUNNING | ContainerSummaryStateEnum::PAUSED)
+                ),
                 image: s.image.unwrap_or_default(),
                 labels: s.labels.unwrap_or_default(),
                 id,
@@ -283,6 +290,7 @@ mod tests {
             name: name.into(),
             image: "img".into(),
             labels: HashMap::new(),
+            running: true,
         }
     }
 
