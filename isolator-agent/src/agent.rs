@@ -449,6 +449,7 @@ impl Agent {
             tracked_keys: self.collector.tracked_keys(),
             preexisting_completions: snap.preexisting_completions,
             map_full: snap.map_full,
+            unsampled_requests: snap.unsampled,
             missed_events: programs.iter().map(|p| p.recursion_misses).sum(),
             issue_map_timing: snap.issue_map_timing,
             insert_attached: self.probe.insert_attached(),

@@ -9,8 +9,9 @@ use aya::{
     Ebpf,
 };
 use isolator_common::{
-    Inflight, IoKey, IoStats, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_STATS, STATE_EPOCH,
-    STATE_FALLBACK_ANY, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
+    Inflight, IoKey, IoStats, SpillSlot, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_SPILL,
+    MAP_STATS, SPILL_OWNED, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_MAP_FULL, STATE_NEED_INSERT,
+    STATE_PREEXISTING, STATE_UNSAMPLED,
 };
 
 /// Sparse histogram delta: (bucket index, count), ascending by index.
@@ -58,8 +59,13 @@ pub struct Snapshot {
     pub deltas: Vec<KeyDelta>,
     /// Completions of requests issued before the programs were attached (cumulative).
     pub preexisting_completions: u64,
-    /// Map inserts that failed because a map was full (cumulative): data was lost.
+    /// Completions lost because neither a map entry nor a spill slot was free
+    /// (cumulative).
     pub map_full: u64,
+    /// Requests whose latency or queue-time sample is missing from the histograms because
+    /// their map entry could not be allocated at that moment (cumulative); their bytes and
+    /// ios are counted.
+    pub unsampled: u64,
     /// The programs saw requests without a start time: block_rq_insert is needed.
     pub need_insert: bool,
     /// Some disk's queue does not fill io_start_time_ns: its requests are timed with an
@@ -80,6 +86,79 @@ pub enum CollectError {
     MissingMap(&'static str),
     #[error("reading eBPF map {0}: {1}")]
     Map(&'static str, aya::maps::MapError),
+}
+
+/// Completions counted in a spill slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpillCounts {
+    pub ios: u64,
+    pub bytes: u64,
+}
+
+impl SpillCounts {
+    fn add(&mut self, o: SpillCounts) {
+        self.ios = self.ios.wrapping_add(o.ios);
+        self.bytes = self.bytes.wrapping_add(o.bytes);
+    }
+}
+
+/// Bookkeeping of the spill slots (map I/O stays in [`Collector`]): which slots are owned,
+/// and the counts of freed slots, which stay part of their key's cumulative totals.
+#[derive(Debug, Default)]
+pub struct SpillLedger {
+    carry: HashMap<IoKey, SpillCounts>,
+    /// Slots owned at the last read (index, key).
+    owned: Vec<(u32, IoKey)>,
+    /// STATE_UNSAMPLED at the last read: a new spill always raises it.
+    unsampled: u64,
+}
+
+impl SpillLedger {
+    /// Slots are read only while some are owned or after a new spill, so a host whose
+    /// inserts never fail pays nothing.
+    pub fn needs_read(&self, unsampled: u64) -> bool {
+        !self.owned.is_empty() || unsampled != self.unsampled
+    }
+
+    /// Folds this cycle's owned slots (`None`: not read) into per-key additions to the
+    /// cumulative totals, and returns the slots to free: those whose key already had its
+    /// own map entry at the previous read, a cycle ago, so no program can still be
+    /// spilling it. Their counts move into the carry.
+    pub fn fold(
+        &mut self,
+        slots: Option<&[(u32, IoKey, SpillCounts)]>,
+        had_entry: &HashSet<IoKey>,
+        unsampled: u64,
+    ) -> (HashMap<IoKey, SpillCounts>, Vec<u32>) {
+        let mut adds = self.carry.clone();
+        let mut free = Vec::new();
+        let Some(slots) = slots else {
+            return (adds, free);
+        };
+        self.unsampled = unsampled;
+        self.owned.clear();
+        for &(idx, key, counts) in slots {
+            adds.entry(key).or_default().add(counts);
+            if had_entry.contains(&key) {
+                self.carry.entry(key).or_default().add(counts);
+                free.push(idx);
+            } else {
+                self.owned.push((idx, key));
+            }
+        }
+        (adds, free)
+    }
+
+    /// Drops a vanished cgroup's carry; returns its slots to free.
+    pub fn forget_cgroup(&mut self, cgroup_id: u64) -> Vec<u32> {
+        self.carry.retain(|k, _| k.cgroup_id != cgroup_id);
+        let (gone, kept): (Vec<_>, Vec<_>) = self
+            .owned
+            .iter()
+            .partition(|(_, k)| k.cgroup_id == cgroup_id);
+        self.owned = kept;
+        gone.into_iter().map(|(idx, _)| idx).collect()
+    }
 }
 
 /// Adds one CPU's counters into a running sum (the kernel never resets them; wrapping
@@ -134,6 +213,10 @@ pub struct Collector {
     stats: PerCpuHashMap<MapData, IoKey, IoStats>,
     inflight: BpfHashMap<MapData, IoKey, Inflight>,
     state: Array<MapData, u64>,
+    spill: Array<MapData, SpillSlot>,
+    spill_ledger: SpillLedger,
+    /// Keys that had an IO_STATS entry at the last read.
+    had_entry: HashSet<IoKey>,
     /// Summed counters of each key as last read: the baseline of the next diff.
     prev: HashMap<IoKey, Box<IoStats>>,
     /// In-flight count of each key at the end of the previous cycle.
@@ -168,6 +251,9 @@ impl Collector {
             stats: take(ebpf, MAP_STATS)?,
             inflight: take(ebpf, MAP_INFLIGHT)?,
             state: take(ebpf, MAP_AGENT_STATE)?,
+            spill: take(ebpf, MAP_SPILL)?,
+            spill_ledger: SpillLedger::default(),
+            had_entry: HashSet::new(),
             prev: HashMap::new(),
             prev_inflight: HashMap::new(),
             idle_since_ns: HashMap::new(),
@@ -196,8 +282,7 @@ impl Collector {
         self.cycle += 1;
 
         let keys: Vec<IoKey> = self.stats.keys().filter_map(Result::ok).collect();
-        let mut deltas = Vec::with_capacity(keys.len());
-        let mut seen = HashSet::with_capacity(keys.len());
+        let mut totals: HashMap<IoKey, Box<IoStats>> = HashMap::with_capacity(keys.len());
         for key in keys {
             let values = match self.stats.get(&key, 0) {
                 Ok(v) => v,
@@ -208,6 +293,29 @@ impl Collector {
             for v in values.iter() {
                 accumulate(&mut now, v);
             }
+            totals.insert(key, now);
+        }
+        let had_entry: HashSet<IoKey> = totals.keys().copied().collect();
+        let unsampled = self.state.get(&STATE_UNSAMPLED, 0).unwrap_or(0);
+        let slots = if self.spill_ledger.needs_read(unsampled) {
+            Some(self.owned_spill_slots()?)
+        } else {
+            None
+        };
+        let (adds, free) = self
+            .spill_ledger
+            .fold(slots.as_deref(), &self.had_entry, unsampled);
+        self.free_spill_slots(&free)?;
+        self.had_entry = had_entry;
+        for (key, c) in adds {
+            let now = totals.entry(key).or_insert_with(|| Box::new(IoStats::ZERO));
+            now.ios = now.ios.wrapping_add(c.ios);
+            now.bytes = now.bytes.wrapping_add(c.bytes);
+        }
+
+        let mut deltas = Vec::with_capacity(totals.len());
+        let mut seen = HashSet::with_capacity(totals.len());
+        for (key, now) in totals {
             let prev = self.prev.get(&key).map_or(&IoStats::ZERO, |p| &**p);
             deltas.push(diff(key, &now, prev));
             self.prev.insert(key, now);
@@ -271,15 +379,50 @@ impl Collector {
             deltas,
             preexisting_completions: self.state.get(&STATE_PREEXISTING, 0).unwrap_or(0),
             map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
+            unsampled,
             need_insert: self.state.get(&STATE_NEED_INSERT, 0).unwrap_or(0) != 0,
             issue_map_timing: self.state.get(&STATE_FALLBACK_ANY, 0).unwrap_or(0) != 0,
             inflight_resets,
         })
     }
 
+    /// The spill slots in use: (index, key, counts).
+    fn owned_spill_slots(&self) -> Result<Vec<(u32, IoKey, SpillCounts)>, CollectError> {
+        let mut owned = Vec::new();
+        for idx in 0..self.spill.len() {
+            let slot = self
+                .spill
+                .get(&idx, 0)
+                .map_err(|e| CollectError::Map(MAP_SPILL, e))?;
+            if slot.state == SPILL_OWNED {
+                let counts = SpillCounts {
+                    ios: slot.ios,
+                    bytes: slot.bytes,
+                };
+                owned.push((idx, slot.key, counts));
+            }
+        }
+        Ok(owned)
+    }
+
+    /// Frees spill slots the ledger has folded: no program writes them any more.
+    fn free_spill_slots(&mut self, slots: &[u32]) -> Result<(), CollectError> {
+        for &idx in slots {
+            self.spill
+                .set(idx, SpillSlot::default(), 0)
+                .map_err(|e| CollectError::Map(MAP_SPILL, e))?;
+        }
+        Ok(())
+    }
+
     /// Removes every key of `cgroup_id` from the maps (the cgroup no longer exists). The
     /// keys come from this cycle's read, which saw every key of both maps.
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
+        let slots = self.spill_ledger.forget_cgroup(cgroup_id);
+        if let Err(e) = self.free_spill_slots(&slots) {
+            tracing::warn!("freeing spill slots of cgroup {cgroup_id}: {e}");
+        }
+        self.had_entry.retain(|k| k.cgroup_id != cgroup_id);
         let keys: Vec<IoKey> = self
             .prev
             .keys()
@@ -318,5 +461,73 @@ mod tests {
         let d = diff(IoKey::default(), &now, &prev);
         assert_eq!(d.lat_hist, vec![(7, 5), (9, 2)]);
         assert_eq!(d.ios, 7);
+    }
+
+    fn key(cgroup_id: u64) -> IoKey {
+        IoKey {
+            cgroup_id,
+            dev: 8 << 20,
+            op: 0,
+        }
+    }
+
+    fn counts(ios: u64, bytes: u64) -> SpillCounts {
+        SpillCounts { ios, bytes }
+    }
+
+    #[test]
+    fn spill_slots_stay_in_the_totals_after_they_are_freed() {
+        let mut ledger = SpillLedger::default();
+        let (a, b) = (key(1), key(2));
+        assert!(!ledger.needs_read(0), "nothing spilled: no read");
+        assert!(ledger.needs_read(3), "a new spill is read");
+
+        // Cycle 1: a spilled on two CPUs, b on one; neither had an entry before.
+        let slots = [
+            (0, a, counts(2, 8192)),
+            (16, a, counts(1, 4096)),
+            (1, b, counts(1, 512)),
+        ];
+        let (adds, free) = ledger.fold(Some(&slots), &HashSet::new(), 3);
+        assert_eq!(adds[&a], counts(3, 12288));
+        assert_eq!(adds[&b], counts(1, 512));
+        assert!(
+            free.is_empty(),
+            "no key had an entry a cycle ago: slots may still be written"
+        );
+        assert!(ledger.needs_read(3), "owned slots are read every cycle");
+
+        // Cycle 2: a has had an entry since cycle 1, b has not; b's slot grew.
+        let had_entry = HashSet::from([a]);
+        let slots = [
+            (0, a, counts(2, 8192)),
+            (16, a, counts(1, 4096)),
+            (1, b, counts(2, 1024)),
+        ];
+        let (adds, mut free) = ledger.fold(Some(&slots), &had_entry, 3);
+        free.sort();
+        assert_eq!(free, vec![0, 16]);
+        assert_eq!(adds[&a], counts(3, 12288), "cumulative, not counted twice");
+        assert_eq!(adds[&b], counts(2, 1024));
+
+        // Cycle 3: a's slots are free, their counts carried; b's slot is still read.
+        let slots = [(1, b, counts(2, 1024))];
+        let (adds, free) = ledger.fold(Some(&slots), &had_entry, 3);
+        assert_eq!(adds[&a], counts(3, 12288));
+        assert!(free.is_empty());
+
+        // b's cgroup goes: its slot is freed, and a quiet ledger stops reading.
+        assert_eq!(ledger.forget_cgroup(2), vec![1]);
+        assert!(!ledger.needs_read(3));
+        let (adds, free) = ledger.fold(None, &had_entry, 3);
+        assert_eq!(adds.get(&b), None);
+        assert_eq!(
+            adds[&a],
+            counts(3, 12288),
+            "the carry counts without a read"
+        );
+        assert!(free.is_empty());
+        assert!(ledger.forget_cgroup(1).is_empty());
+        assert_eq!(ledger.fold(None, &had_entry, 3).0.len(), 0);
     }
 }

@@ -160,6 +160,7 @@ pub enum Event {
         tracked_keys: usize,
         preexisting_completions: u64,
         map_full: u64,
+        unsampled_requests: u64,
         missed_events: u64,
         issue_map_timing: bool,
         insert_attached: bool,

@@ -7,7 +7,9 @@ use std::{
 };
 
 use aya::{programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
-use isolator_common::{OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS};
+use isolator_common::{
+    MAP_SPILL, OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS, SPILL_SLOTS_PER_CPU,
+};
 
 use crate::btf::{BtfError, KernelBtf};
 
@@ -65,6 +67,25 @@ pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
     Ok(KernelBtf::from_file(path)?)
 }
 
+/// Highest possible CPU id + 1: the programs index per-CPU spill slots by
+/// bpf_get_smp_processor_id().
+fn possible_cpus() -> Result<u32, ProbeError> {
+    const POSSIBLE: &str = "/sys/devices/system/cpu/possible";
+    let text = std::fs::read_to_string(POSSIBLE)
+        .map_err(|e| ProbeError::Load(format!("reading {POSSIBLE}: {e}")))?;
+    parse_cpu_list(&text)
+        .map(|max| max + 1)
+        .ok_or_else(|| ProbeError::Load(format!("{POSSIBLE}: not a CPU list: {text:?}")))
+}
+
+/// The highest CPU id of a kernel CPU list ("0-3,8,10-11").
+fn parse_cpu_list(text: &str) -> Option<u32> {
+    text.trim()
+        .split(',')
+        .map(|part| part.rsplit('-').next().and_then(|n| n.parse::<u32>().ok()))
+        .try_fold(0u32, |max, n| n.map(|n| max.max(n)))
+}
+
 impl Probe {
     pub fn load(btf: KernelBtf) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
@@ -79,6 +100,7 @@ impl Probe {
             // The programs use no CO-RE relocations; offsets come in OFFSETS.
             .btf(None)
             .override_global(OFFSETS_GLOBAL, &offsets, true)
+            .map_max_entries(MAP_SPILL, possible_cpus()? * SPILL_SLOTS_PER_CPU)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(error_chain(&e)))?;
         for (prog, tp) in PROGRAMS {
@@ -207,5 +229,19 @@ impl Probe {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cpu_list;
+
+    #[test]
+    fn cpu_list_gives_the_highest_id() {
+        assert_eq!(parse_cpu_list("0\n"), Some(0));
+        assert_eq!(parse_cpu_list("0-1\n"), Some(1));
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), Some(11));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("0-x"), None);
     }
 }

@@ -129,6 +129,7 @@ pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 pub const MAP_STATS: &str = "IO_STATS";
 pub const MAP_INFLIGHT: &str = "INFLIGHT";
 pub const MAP_AGENT_STATE: &str = "AGENT_STATE";
+pub const MAP_SPILL: &str = "IO_SPILL";
 
 /// Index of the first-issue timestamp in the AGENT_STATE array.
 pub const STATE_FIRST_ISSUE_NS: u32 = 0;
@@ -142,7 +143,34 @@ pub const STATE_EPOCH: u32 = 3;
 pub const STATE_FALLBACK_ANY: u32 = 4;
 /// Non-zero once a request without `start_time_ns` was seen: block_rq_insert is needed.
 pub const STATE_NEED_INSERT: u32 = 5;
+/// Count of requests whose latency (at completion) or queue-time (at issue) sample is not in
+/// the histograms because their IO_STATS entry could not be allocated at that moment.
+pub const STATE_UNSAMPLED: u32 = 6;
 pub const STATE_SLOTS: u32 = 8;
+
+/// Spill slots per CPU. IO_STATS allocates an entry on a key's first request from the
+/// kernel's BPF allocator, whose per-CPU cache is refilled asynchronously (irq_work), so
+/// the insert can fail for a moment when several keys appear at once. A completion whose
+/// entry cannot be created counts its bytes and ios in a preallocated slot of its CPU
+/// instead; the agent folds the slot into the key and frees it once the entry exists.
+pub const SPILL_SLOTS_PER_CPU: u32 = 16;
+pub const SPILL_FREE: u64 = 0;
+pub const SPILL_CLAIMING: u64 = 1;
+pub const SPILL_OWNED: u64 = 2;
+
+/// One spill slot (IO_SPILL is an array of `possible CPUs x SPILL_SLOTS_PER_CPU`; a CPU
+/// writes only its own slots).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpillSlot {
+    /// [`SPILL_FREE`], [`SPILL_CLAIMING`] or [`SPILL_OWNED`].
+    pub state: u64,
+    pub key: IoKey,
+    /// Completed requests (final completion only), as [`IoStats::ios`].
+    pub ios: u64,
+    /// Completed bytes, as [`IoStats::bytes`].
+    pub bytes: u64,
+}
 
 /// In-flight requests of one key (shared by all CPUs, updated atomically).
 #[repr(C)]
@@ -172,4 +200,5 @@ mod pod {
     unsafe impl aya::Pod for super::IoStats {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Inflight {}
+    unsafe impl aya::Pod for super::SpillSlot {}
 }

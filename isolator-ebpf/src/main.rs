@@ -13,21 +13,22 @@
 #![allow(internal_features)]
 
 use core::intrinsics::{
-    atomic_cxchg, atomic_xadd,
+    atomic_cxchg, atomic_xadd, atomic_xchg,
     AtomicOrdering::{Relaxed, SeqCst},
 };
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use isolator_common::{
-    kernel_dev, latency_bucket, Inflight, IoKey, IoStats, KernelOffsets, HIST_BUCKETS,
+    kernel_dev, latency_bucket, Inflight, IoKey, IoStats, KernelOffsets, SpillSlot, HIST_BUCKETS,
     OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK,
-    REQ_OP_READ, REQ_OP_WRITE, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
-    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS, UNATTRIBUTED_CGROUP,
+    REQ_OP_READ, REQ_OP_WRITE, SPILL_CLAIMING, SPILL_FREE, SPILL_OWNED, SPILL_SLOTS_PER_CPU,
+    STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT,
+    STATE_PREEXISTING, STATE_SLOTS, STATE_UNSAMPLED, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -62,8 +63,15 @@ static IO_STATS: PerCpuHashMap<IoKey, IoStats> =
 #[map(name = "ZERO_STATS")]
 static ZERO_STATS: PerCpuArray<IoStats> = PerCpuArray::with_max_entries(1, 0);
 
+/// Preallocated (about 1.5 MiB at MAX_KEYS), so an issue never fails to count a request
+/// in flight for want of memory.
 #[map(name = "INFLIGHT")]
-static INFLIGHT: HashMap<IoKey, Inflight> = HashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+static INFLIGHT: HashMap<IoKey, Inflight> = HashMap::with_max_entries(MAX_KEYS, 0);
+
+/// Per-CPU spill slots for completions whose IO_STATS entry could not be allocated; the
+/// loader sizes it to possible CPUs x SPILL_SLOTS_PER_CPU.
+#[map(name = "IO_SPILL")]
+static IO_SPILL: Array<SpillSlot> = Array::with_max_entries(SPILL_SLOTS_PER_CPU, 0);
 
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
@@ -184,17 +192,55 @@ fn stats_for(key: &IoKey) -> Option<*mut IoStats> {
     }
     let zero = ZERO_STATS.get_ptr(0)?;
     // SAFETY: ZERO_STATS is never written, so it stays all zeroes.
-    if IO_STATS
-        .insert(key, unsafe { &*zero }, BPF_NOEXIST)
-        .is_err()
-    {
-        // EEXIST from a racing insert on another CPU is fine; anything else is a full map.
-        if IO_STATS.get_ptr_mut(key).is_none() {
-            count_state(STATE_MAP_FULL);
-            return None;
+    // EEXIST from a racing insert on another CPU is fine; ENOMEM (the allocator's per-CPU
+    // cache is empty until its irq_work refills it) or a full map leaves no entry.
+    let _ = IO_STATS.insert(key, unsafe { &*zero }, BPF_NOEXIST);
+    IO_STATS.get_ptr_mut(key)
+}
+
+/// Counts a completion of `key` in one of this CPU's spill slots: the one it owns, else a
+/// free one. False when every slot of this CPU is owned by another key.
+#[inline(always)]
+fn spill(key: &IoKey, bytes: u64, last: bool) -> bool {
+    // SAFETY: helper without arguments.
+    let base = unsafe { bpf_get_smp_processor_id() } * SPILL_SLOTS_PER_CPU;
+    for i in 0..SPILL_SLOTS_PER_CPU {
+        let Some(slot) = IO_SPILL.get_ptr_mut(base + i) else {
+            return false;
+        };
+        // SAFETY: valid map value pointer. Only this CPU's programs write its slots; the
+        // claim is a compare-and-swap because a completion can interrupt another on
+        // kernels without per-program recursion protection.
+        unsafe {
+            let state = core::ptr::read_volatile(&(*slot).state);
+            let mine = if state == SPILL_OWNED {
+                core::ptr::read_volatile(&(*slot).key) == *key
+            } else if state == SPILL_FREE
+                && atomic_cxchg::<u64, { SeqCst }, { SeqCst }>(
+                    &mut (*slot).state,
+                    SPILL_FREE,
+                    SPILL_CLAIMING,
+                )
+                .1
+            {
+                core::ptr::write_volatile(&mut (*slot).key, *key);
+                core::ptr::write_volatile(&mut (*slot).ios, 0);
+                core::ptr::write_volatile(&mut (*slot).bytes, 0);
+                atomic_xchg::<u64, { SeqCst }>(&mut (*slot).state, SPILL_OWNED);
+                true
+            } else {
+                false
+            };
+            if mine {
+                atomic_xadd::<u64, u64, { Relaxed }>(&mut (*slot).bytes, bytes);
+                if last {
+                    atomic_xadd::<u64, u64, { Relaxed }>(&mut (*slot).ios, 1);
+                }
+                return true;
+            }
         }
     }
-    IO_STATS.get_ptr_mut(key)
+    false
 }
 
 #[inline(always)]
@@ -332,6 +378,8 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
                     q,
                 )
             };
+        } else {
+            count_state(STATE_UNSAMPLED);
         }
     }
 
@@ -437,6 +485,12 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
                     );
                 }
             }
+        }
+    } else {
+        // The latency sample is lost; the bytes and the completion are not.
+        count_state(STATE_UNSAMPLED);
+        if !spill(&req.key, nr_bytes, last) {
+            count_state(STATE_MAP_FULL);
         }
     }
     if last && counted {

@@ -108,6 +108,12 @@ fn per_cgroup_bytes_match_kernel_counters() {
     within("B read (O_DIRECT)", xb.0, kb.0, 16 << 20, &diag);
     // fsync writes back in the caller's context, so both v1 and v2 charge B.
     within("B write (buffered + fsync)", xb.1, kb.1, 96 << 20, &diag);
+    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
+    assert_eq!(
+        last_end.map(|e| e["map_full"].clone()),
+        Some(0.into()),
+        "completions were lost: {diag}"
+    );
     assert!(events.iter().any(
         |e| e["type"] == "cgroup_stats" && e["cgroup"]["path"].as_str() == Some(&a.rel_path())
     ));
@@ -131,8 +137,9 @@ fn lost_data_report(events: &[serde_json::Value], dev: &str, ours: &[u64]) -> St
         t.1 += w;
     }
     format!(
-        "agent loss counters: map_full {} missed_events {} preexisting_completions {}; other cgroups (read, write): {others:?}",
+        "agent loss counters: map_full {} unsampled_requests {} missed_events {} preexisting_completions {}; other cgroups (read, write): {others:?}",
         counter("map_full"),
+        counter("unsampled_requests"),
         counter("missed_events"),
         counter("preexisting_completions"),
     )

@@ -303,8 +303,16 @@ fn run_vm(prefix: &str, release_prefix: &str) {
         .find(|e| e["type"] == "cycle_end")
         .expect("cycle_end");
     eprintln!(
-        "{prefix}: issue_map_timing={} insert_attached={} missed_events={}",
-        last_cycle["issue_map_timing"], last_cycle["insert_attached"], last_cycle["missed_events"]
+        "{prefix}: issue_map_timing={} insert_attached={} missed_events={} map_full={} unsampled_requests={}",
+        last_cycle["issue_map_timing"],
+        last_cycle["insert_attached"],
+        last_cycle["missed_events"],
+        last_cycle["map_full"],
+        last_cycle["unsampled_requests"]
+    );
+    assert_eq!(
+        last_cycle["map_full"], 0,
+        "{prefix}: completions were lost (no map entry and no spill slot)"
     );
     assert!(start["kernel"]
         .as_str()
