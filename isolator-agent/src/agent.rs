@@ -24,6 +24,7 @@ use crate::{
     metrics::Metrics,
     policy, privileges,
     probe::{self, Probe},
+    stream::{StreamError, StreamServer},
 };
 
 /// `isolator run`'s options.
@@ -57,6 +58,10 @@ pub struct RunOptions {
     /// Docker; containers are named by id).
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
+    /// Serve the event stream on this unix socket (mode 0600) for `isolator top` ("off":
+    /// do not serve).
+    #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -274,8 +279,22 @@ impl Agent {
         let btf = probe::load_btf(&opts.btf)?;
         let mut probe = Probe::load(btf)?;
         let collector = Collector::new(&mut probe.ebpf)?;
+        if opts.socket.as_os_str() != "off" {
+            match StreamServer::bind(&opts.socket) {
+                Ok(s) => sink.serve(s),
+                // Another agent (say, a dry run next to the real one) keeps its readers.
+                Err(e @ StreamError::InUse(_)) => early_events.push(Event::Warning {
+                    code: "socket".into(),
+                    message: e.to_string(),
+                }),
+                Err(e) => return Err(e.into()),
+            }
+        }
         sink.emit(&Event::AgentStart {
             version: env!("CARGO_PKG_VERSION").into(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
             pid: std::process::id(),
             kernel: privileges::kernel_release(),
             cgroup_mode: hierarchy.mode,

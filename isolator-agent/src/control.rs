@@ -494,6 +494,7 @@ impl Controller {
             total_count: u64,
             total_sum: u64,
             peak: u64,
+            cgroups: std::collections::BTreeSet<u64>,
             hist: HistSum,
         }
         let secs = snap.interval_ns as f64 / 1e9;
@@ -523,6 +524,7 @@ impl Controller {
             a.total_count += d.total_count;
             a.total_sum += d.total_sum_ns;
             a.peak += d.inflight_peak;
+            a.cgroups.insert(d.key.cgroup_id);
             // The SLO is on what the submitter waits: queueing plus device time. Keys
             // without start times (no queue timestamps) fall back to device latency.
             a.hist.add(if d.total_count > 0 {
@@ -566,6 +568,9 @@ impl Controller {
                 peak_inflight: a.peak,
                 limit: st.limit,
                 changed_cycle: st.changed_cycle,
+                p50_ns: percentile(&sparse, samples, 0.50),
+                latency_log2: crate::metrics::log2_histogram(&sparse),
+                cgroup_ids: a.cgroups.into_iter().collect(),
             });
         }
         by_dev
@@ -646,8 +651,11 @@ impl Controller {
             dev: dev.to_string(),
             disk,
             state: state.into(),
+            p50_ns: s.p50_ns,
             p999_ns: s.p999_ns,
             samples: s.samples,
+            latency_log2: s.latency_log2.clone(),
+            cgroups: s.cgroup_ids.clone(),
             mean_latency_ns: s.mean_latency_ns.map(|v| v as u64),
             read_mbps: s.read_bps / 1e6,
             write_mbps: s.write_bps / 1e6,

@@ -131,6 +131,7 @@ pub struct LabelSloInfo {
 pub enum Event {
     AgentStart {
         version: String,
+        host: String,
         pid: u32,
         kernel: String,
         cgroup_mode: CgroupMode,
@@ -178,8 +179,13 @@ pub enum Event {
         dev: String,
         disk: Option<String>,
         state: String,
+        p50_ns: Option<u64>,
         p999_ns: Option<u64>,
         samples: u64,
+        /// The samples in power-of-two buckets: (upper bound ns, count), non-empty only.
+        latency_log2: Vec<(u64, u64)>,
+        /// Ids of the cgroups whose I/O on this device this cycle is the service's.
+        cgroups: Vec<u64>,
         mean_latency_ns: Option<u64>,
         read_mbps: f64,
         write_mbps: f64,
@@ -238,6 +244,26 @@ pub enum Event {
 }
 
 impl Event {
+    /// The `type` field this event is serialized with.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Event::AgentStart { .. } => "agent_start",
+            Event::CgroupStats { .. } => "cgroup_stats",
+            Event::CgroupGone { .. } => "cgroup_gone",
+            Event::CycleEnd { .. } => "cycle_end",
+            Event::ServiceStats { .. } => "service_stats",
+            Event::Decision { .. } => "decision",
+            Event::ViolationStart(_) => "violation_start",
+            Event::ViolationEnd(_) => "violation_end",
+            Event::Restore { .. } => "restore",
+            Event::Warning { .. } => "warning",
+            Event::Error { .. } => "error",
+            Event::AgentStop { .. } => "agent_stop",
+            Event::DockerConnected { .. } => "docker_connected",
+            Event::LabelSlo(_) => "label_slo",
+        }
+    }
+
     /// A knob put back, from the enforcer's report.
     pub fn restore(reason: &str, r: crate::enforcer::Restored) -> Event {
         Event::Restore {
@@ -258,23 +284,29 @@ struct Envelope<'a> {
     event: &'a Event,
 }
 
-/// Writes events as NDJSON.
+/// Writes events as NDJSON, and to the readers of the event socket when one is served.
 pub struct NdjsonSink {
     out: Box<dyn Write + Send>,
+    socket: Option<crate::stream::StreamServer>,
 }
 
 impl NdjsonSink {
     pub fn stdout() -> Self {
-        NdjsonSink {
-            out: Box::new(BufWriter::new(io::stdout())),
-        }
+        NdjsonSink::to_writer(Box::new(BufWriter::new(io::stdout())))
+    }
+
+    pub fn to_writer(out: Box<dyn Write + Send>) -> Self {
+        NdjsonSink { out, socket: None }
+    }
+
+    /// Also serve every event on the socket from now on.
+    pub fn serve(&mut self, socket: crate::stream::StreamServer) {
+        self.socket = Some(socket);
     }
 
     pub fn file(path: &Path) -> io::Result<Self> {
         let f = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(NdjsonSink {
-            out: Box::new(BufWriter::new(f)),
-        })
+        Ok(NdjsonSink::to_writer(Box::new(BufWriter::new(f))))
     }
 
     pub fn emit(&mut self, event: &Event) -> io::Result<()> {
@@ -283,8 +315,13 @@ impl NdjsonSink {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             event,
         };
-        serde_json::to_writer(&mut self.out, &env)?;
-        self.out.write_all(b"\n")
+        let line = serde_json::to_string(&env)?;
+        self.out.write_all(line.as_bytes())?;
+        self.out.write_all(b"\n")?;
+        if let Some(s) = &self.socket {
+            s.publish(event.type_name(), line.into());
+        }
+        Ok(())
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

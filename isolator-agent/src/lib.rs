@@ -19,3 +19,4 @@ pub mod naming;
 pub mod policy;
 pub mod privileges;
 pub mod probe;
+pub mod stream;

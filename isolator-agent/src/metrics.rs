@@ -50,6 +50,20 @@ pub fn percentile(hist: &[(u16, u64)], total: u64, q: f64) -> Option<u64> {
         .map(|&(idx, _)| bucket_representative_ns(idx as usize))
 }
 
+/// Folds a fine histogram into power-of-two buckets: (upper bound ns, count), ascending,
+/// non-empty buckets only. For display, where 27 numbers say what 1024 would.
+pub fn log2_histogram(hist: &[(u16, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(idx, n) in hist {
+        let upper = (bucket_lower_ns(idx as usize) + 1).next_power_of_two();
+        match out.last_mut() {
+            Some((u, c)) if *u == upper => *c += n,
+            _ => out.push((upper, n)),
+        }
+    }
+    out
+}
+
 fn summarize(merged: &[(u16, u64)], window_ns: u64, window_cycles: usize) -> LatencySummary {
     let samples: u64 = merged.iter().map(|(_, n)| n).sum();
     let need = |min: u64| (samples >= min).then_some(());
@@ -206,6 +220,24 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log2_histogram_folds_buckets_by_power_of_two() {
+        use isolator_common::latency_bucket;
+        let mut fine: Vec<(u16, u64)> = Vec::new();
+        for (ns, n) in [(900u64, 2u64), (1500, 3), (1900, 1), (70_000, 4)] {
+            let idx = latency_bucket(ns) as u16;
+            match fine.last_mut() {
+                Some((i, c)) if *i == idx => *c += n,
+                _ => fine.push((idx, n)),
+            }
+        }
+        assert_eq!(
+            log2_histogram(&fine),
+            vec![(1024, 2), (2048, 4), (131072, 4)]
+        );
+        assert!(log2_histogram(&[]).is_empty());
+    }
     use isolator_common::latency_bucket;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 

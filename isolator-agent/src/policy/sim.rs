@@ -187,6 +187,9 @@ impl SimDisk {
                 peak_inflight: l.inflight.ceil() as u64,
                 limit: s.limit,
                 changed_cycle: s.changed,
+                p50_ns: None,
+                latency_log2: vec![],
+                cgroup_ids: vec![],
             });
         }
         let util = (rates.iter().sum::<f64>() / CAPACITY_BPS

@@ -1,0 +1,233 @@
+//! The event stream served on a unix socket (`--socket`) for `isolator top` and other local
+//! readers. The socket is mode 0600: events name every cgroup on the host, so root only. A
+//! reader that connects first gets a replay (agent_start, the last complete cycle, recent
+//! actions), so its view is full at once, then every event as it is emitted.
+
+use std::{
+    collections::VecDeque,
+    io,
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use tokio::{io::AsyncWriteExt, net::UnixListener, sync::broadcast, task::JoinHandle};
+
+pub const DEFAULT_SOCKET: &str = "/run/isolator/isolator.sock";
+
+/// Actions (decisions, violations, restores, warnings...) a new reader is replayed.
+const REPLAY_ACTIONS: usize = 200;
+/// Lines a slow reader may fall behind before it skips ahead.
+const READER_BACKLOG: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("another agent already serves {0}; stop it, or give this one another --socket (or --socket off)")]
+    InUse(String),
+    #[error("{0} exists and is not a socket; remove it or choose another --socket")]
+    NotSocket(String),
+    #[error(
+        "cannot serve the event stream on {0}: {1}; choose another --socket (or --socket off)"
+    )]
+    Io(String, io::Error),
+}
+
+#[derive(Default)]
+struct Replay {
+    start: Option<Arc<str>>,
+    /// Lines of the cycle being emitted, and of the last complete one.
+    cycle: Vec<Arc<str>>,
+    last_cycle: Vec<Arc<str>>,
+    actions: VecDeque<Arc<str>>,
+}
+
+impl Replay {
+    fn record(&mut self, event_type: &str, line: &Arc<str>) {
+        match event_type {
+            "agent_start" => {
+                self.start = Some(line.clone());
+                self.actions.clear();
+            }
+            "cgroup_stats" | "service_stats" => self.cycle.push(line.clone()),
+            "cycle_end" => {
+                self.cycle.push(line.clone());
+                self.last_cycle = std::mem::take(&mut self.cycle);
+            }
+            _ => {
+                if self.actions.len() == REPLAY_ACTIONS {
+                    self.actions.pop_front();
+                }
+                self.actions.push_back(line.clone());
+            }
+        }
+    }
+
+    fn lines(&self) -> Vec<Arc<str>> {
+        self.start
+            .iter()
+            .chain(&self.last_cycle)
+            .chain(&self.actions)
+            .cloned()
+            .collect()
+    }
+}
+
+pub struct StreamServer {
+    path: PathBuf,
+    replay: Arc<Mutex<Replay>>,
+    tx: broadcast::Sender<Arc<str>>,
+    accept: JoinHandle<()>,
+}
+
+impl StreamServer {
+    /// Binds `path` (mode 0600) and starts accepting readers. Must run inside a tokio
+    /// runtime. A socket left by an agent that was killed is replaced; a live one is not.
+    pub fn bind(path: &Path) -> Result<StreamServer, StreamError> {
+        let shown = path.display().to_string();
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => return Err(StreamError::NotSocket(shown)),
+            Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(StreamError::InUse(shown)),
+                Err(_) => {
+                    std::fs::remove_file(path).map_err(|e| StreamError::Io(shown.clone(), e))?
+                }
+            },
+            Err(_) => {}
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| StreamError::Io(shown.clone(), e))?;
+        }
+        // Created 0600 (umask) so no other user can connect before the chmod.
+        // SAFETY: umask only swaps the process's file mode mask.
+        let old = unsafe { libc::umask(0o177) };
+        let bound = UnixListener::bind(path);
+        unsafe { libc::umask(old) };
+        let listener = bound.map_err(|e| StreamError::Io(shown.clone(), e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StreamError::Io(shown.clone(), e))?;
+        let replay = Arc::new(Mutex::new(Replay::default()));
+        let (tx, _) = broadcast::channel(READER_BACKLOG);
+        let accept = tokio::spawn(accept_readers(listener, replay.clone(), tx.clone()));
+        Ok(StreamServer {
+            path: path.to_path_buf(),
+            replay,
+            tx,
+            accept,
+        })
+    }
+
+    /// One serialized event (without its newline) to every reader.
+    pub fn publish(&self, event_type: &str, line: Arc<str>) {
+        // Recorded and sent under one lock, so a reader joining now gets it exactly once.
+        let mut replay = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        replay.record(event_type, &line);
+        let _ = self.tx.send(line);
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StreamServer {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn accept_readers(
+    listener: UnixListener,
+    replay: Arc<Mutex<Replay>>,
+    tx: broadcast::Sender<Arc<str>>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (lines, rx) = {
+            let r = replay.lock().unwrap_or_else(|p| p.into_inner());
+            (r.lines(), tx.subscribe())
+        };
+        tokio::spawn(serve_reader(stream, lines, rx));
+    }
+}
+
+async fn serve_reader(
+    mut stream: tokio::net::UnixStream,
+    replay: Vec<Arc<str>>,
+    mut rx: broadcast::Receiver<Arc<str>>,
+) {
+    for line in replay {
+        if write_line(&mut stream, &line).await.is_err() {
+            return;
+        }
+    }
+    loop {
+        match rx.recv().await {
+            Ok(line) => {
+                if write_line(&mut stream, &line).await.is_err() {
+                    return;
+                }
+            }
+            // A reader that fell behind skips ahead; the agent never waits for it.
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+async fn write_line(stream: &mut tokio::net::UnixStream, line: &str) -> io::Result<()> {
+    stream.write_all(line.as_bytes()).await?;
+    stream.write_all(b"\n").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_is_start_last_cycle_and_recent_actions() {
+        let mut r = Replay::default();
+        let l = |s: &str| -> Arc<str> { Arc::from(s) };
+        r.record("agent_start", &l("start"));
+        r.record("cgroup_stats", &l("c1"));
+        r.record("cycle_end", &l("end1"));
+        r.record("decision", &l("d1"));
+        r.record("cgroup_stats", &l("c2"));
+        // Cycle 2 is not complete yet: the replay has cycle 1.
+        let got: Vec<String> = r.lines().iter().map(|s| s.to_string()).collect();
+        assert_eq!(got, ["start", "c1", "end1", "d1"]);
+        for i in 0..REPLAY_ACTIONS + 5 {
+            r.record("warning", &l(&format!("w{i}")));
+        }
+        assert_eq!(r.lines().len(), 3 + REPLAY_ACTIONS);
+    }
+
+    #[tokio::test]
+    async fn readers_get_the_replay_then_live_events_and_the_socket_is_private() {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let dir = std::env::temp_dir().join(format!("isolator-stream-{}", std::process::id()));
+        let path = dir.join("s.sock");
+        let server = StreamServer::bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(matches!(
+            StreamServer::bind(&path),
+            Err(StreamError::InUse(_))
+        ));
+        server.publish("agent_start", Arc::from("{\"type\":\"agent_start\"}"));
+        let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut lines = BufReader::new(stream).lines();
+        assert_eq!(
+            lines.next_line().await.unwrap().unwrap(),
+            "{\"type\":\"agent_start\"}"
+        );
+        // The reader subscribed before its replay was written: nothing falls between.
+        server.publish("decision", Arc::from("live"));
+        assert_eq!(lines.next_line().await.unwrap().unwrap(), "live");
+        drop(server);
+        assert!(!path.exists(), "the socket is removed when the agent stops");
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
