@@ -18,9 +18,10 @@ use crate::{
     collector::{Collector, Snapshot},
     config::Config,
     control::Controller,
+    disks::{DiskBusy, DiskNames},
     docker::{self, ContainerTable, DockerUpdate},
     enforcer::{Enforcer, Journal},
-    events::{CgroupRef, DeviceStats, Event, NdjsonSink, Totals},
+    events::{CgroupRef, DeviceStats, DiskCycle, Event, NdjsonSink, Totals},
     metrics::Metrics,
     policy, privileges,
     probe::{self, Probe},
@@ -73,7 +74,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_interval(s: &str) -> Result<Duration, String> {
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
     let d = if let Ok(secs) = s.parse::<f64>() {
         if !secs.is_finite() || secs < 0.0 {
             return Err(format!("'{s}' is not a duration; use e.g. 1s or 2500ms"));
@@ -89,24 +90,6 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
-}
-
-/// Names disks by dev_t from /sys/dev/block.
-#[derive(Default)]
-struct DiskNames(HashMap<u32, Option<String>>);
-
-impl DiskNames {
-    fn name(&mut self, dev: u32) -> Option<String> {
-        self.0
-            .entry(dev)
-            .or_insert_with(|| {
-                let link = format!("/sys/dev/block/{}:{}", dev_major(dev), dev_minor(dev));
-                std::fs::read_link(link)
-                    .ok()
-                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            })
-            .clone()
-    }
 }
 
 /// Names the cgroups that appear in the maps. A cgroup is checked with one stat of its
@@ -215,6 +198,7 @@ pub struct Agent {
     metrics: Metrics,
     registry: Registry,
     disks: DiskNames,
+    busy: DiskBusy,
     control: Option<Controller>,
     docker: Option<DockerLink>,
     // Declared last: dropping it detaches the programs after the maps are released.
@@ -224,12 +208,17 @@ pub struct Agent {
 impl Agent {
     /// Everything that can fail on bad input fails here, before the first cycle.
     pub fn start(opts: &RunOptions) -> Result<Self> {
-        let mut sink = match &opts.json {
+        let sink = match &opts.json {
             Some(p) => NdjsonSink::file(p).with_context(|| {
                 format!("cannot open --json {}; choose a writable path", p.display())
             })?,
             None => NdjsonSink::stdout(),
         };
+        Agent::start_with_sink(opts, sink)
+    }
+
+    /// As `start`, writing events to `sink` instead of `--json` or stdout.
+    pub fn start_with_sink(opts: &RunOptions, mut sink: NdjsonSink) -> Result<Self> {
         if !privileges::can_load_bpf(privileges::effective_caps()) {
             bail!(privileges::NEED_PRIVILEGES);
         }
@@ -331,6 +320,7 @@ impl Agent {
                 down_said: false,
             }),
             disks: DiskNames::default(),
+            busy: DiskBusy::default(),
             control,
             probe,
         })
@@ -450,7 +440,13 @@ impl Agent {
 
         if let Some(c) = self.control.as_mut() {
             let registry = &self.registry;
-            let cycles = c.device_cycles(&snap, &|id| registry.path(id), &registry.containers);
+            let busy = &mut self.busy;
+            let cycles = c.device_cycles(
+                &snap,
+                &|id| registry.path(id),
+                &registry.containers,
+                &mut |dev| busy.utilization(dev, snap.cycle, interval_s),
+            );
             let disks = &mut self.disks;
             let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
                 disks.name(dev)
@@ -460,6 +456,15 @@ impl Agent {
             }
         }
 
+        let devs: BTreeSet<u32> = snap.deltas.iter().map(|d| d.key.dev).collect();
+        let disks = devs
+            .into_iter()
+            .map(|dev| DiskCycle {
+                dev: format!("{}:{}", dev_major(dev), dev_minor(dev)),
+                disk: self.disks.name(dev),
+                utilization: self.busy.utilization(dev, snap.cycle, interval_s),
+            })
+            .collect();
         let programs = self.probe.program_stats();
         self.sink.emit(&Event::CycleEnd {
             cycle: snap.cycle,
@@ -474,6 +479,7 @@ impl Agent {
             insert_attached: self.probe.insert_attached(),
             collect_us: started.elapsed().as_micros() as u64,
             docker_containers: self.docker.as_ref().map(|_| self.registry.containers.len()),
+            disks,
             programs,
         })?;
         self.sink.flush()?;
@@ -556,28 +562,45 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut agent = Agent::start(&opts)?;
-    let mut tick = tokio::time::interval(opts.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await; // the first tick is immediate
-    let mut cycles = 0u64;
-    let reason = loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if let Err(e) = agent.cycle() {
-                    // A failing cycle is an event; the agent keeps going.
-                    tracing::warn!(error = %format!("{e:#}"), "cycle failed");
-                    let _ = agent.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
-                }
-                cycles += 1;
+    let agent = Agent::start(&opts)?;
+    agent
+        .run_until(opts.interval, async {
+            tokio::select! {
+                _ = sigint.recv() => "SIGINT",
+                _ = sigterm.recv() => "SIGTERM",
             }
-            _ = sigint.recv() => break "SIGINT",
-            _ = sigterm.recv() => break "SIGTERM",
-        }
-    };
-    agent.stop(reason, cycles)?;
-    drop(agent);
-    Ok(())
+        })
+        .await
+}
+
+impl Agent {
+    /// Runs a cycle every `interval` until `stop` yields the reason; then restores what it
+    /// wrote, says `agent_stop` and detaches the programs.
+    pub async fn run_until(
+        mut self,
+        interval: Duration,
+        stop: impl std::future::Future<Output = &'static str>,
+    ) -> Result<()> {
+        tokio::pin!(stop);
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is immediate
+        let mut cycles = 0u64;
+        let reason = loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = self.cycle() {
+                        // A failing cycle is an event; the agent keeps going.
+                        tracing::warn!(error = %format!("{e:#}"), "cycle failed");
+                        let _ = self.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
+                    }
+                    cycles += 1;
+                }
+                reason = &mut stop => break reason,
+            }
+        };
+        self.stop(reason, cycles)
+    }
 }
 
 #[cfg(test)]

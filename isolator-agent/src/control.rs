@@ -109,33 +109,6 @@ struct DevState {
     violating: bool,
 }
 
-/// Per-device busy time from /sys/dev/block/M:m/stat (io_ticks, ms).
-#[derive(Default)]
-struct Utilization {
-    last: HashMap<u32, u64>,
-}
-
-impl Utilization {
-    fn sample(&mut self, dev: u32, interval_s: f64) -> f64 {
-        let path = format!("/sys/dev/block/{}:{}/stat", dev_major(dev), dev_minor(dev));
-        let ticks = std::fs::read_to_string(path).ok().and_then(|t| {
-            t.split_whitespace()
-                .nth(9)
-                .and_then(|v| v.parse::<u64>().ok())
-        });
-        let Some(ticks) = ticks else {
-            return 0.0;
-        };
-        let prev = self.last.insert(dev, ticks);
-        match prev {
-            Some(p) if interval_s > 0.0 => {
-                (ticks.saturating_sub(p) as f64 / 1000.0 / interval_s).min(1.0)
-            }
-            _ => 0.0,
-        }
-    }
-}
-
 pub struct Controller {
     /// Services of the config file, ids 0..n.
     config: Config,
@@ -146,7 +119,6 @@ pub struct Controller {
     enforcer: Enforcer,
     membership: Membership,
     state: HashMap<(ServiceId, u32), DevState>,
-    util: Utilization,
     /// Errors already reported, so a persistent one is said once.
     reported: HashSet<String>,
 }
@@ -164,7 +136,6 @@ impl Controller {
                 targets: HashMap::new(),
             },
             state: HashMap::new(),
-            util: Utilization::default(),
             reported: HashSet::new(),
         }
     }
@@ -476,12 +447,14 @@ impl Controller {
         s
     }
 
-    /// Per (service, device) stats of this cycle.
+    /// Per (service, device) stats of this cycle; `utilization` gives a disk's busy
+    /// fraction over the cycle.
     pub fn device_cycles(
         &mut self,
         snap: &Snapshot,
         path_of: &dyn Fn(u64) -> Option<String>,
         containers: &ContainerTable,
+        utilization: &mut dyn FnMut(u32) -> f64,
     ) -> Vec<DeviceCycle> {
         #[derive(Default)]
         struct Acc {
@@ -579,7 +552,7 @@ impl Controller {
                 cycle: snap.cycle,
                 dev,
                 interval_s: secs,
-                utilization: self.util.sample(dev, secs),
+                utilization: utilization(dev),
                 services,
             })
             .collect()

@@ -168,6 +168,8 @@ pub enum Event {
         collect_us: u64,
         /// Containers Docker reported that exist now (null: Docker off).
         docker_containers: Option<usize>,
+        /// Disks with I/O this cycle and how busy they were.
+        disks: Vec<DiskCycle>,
         /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
         programs: Vec<crate::probe::ProgramStats>,
     },
@@ -282,6 +284,15 @@ struct Envelope<'a> {
     ts: String,
     #[serde(flatten)]
     event: &'a Event,
+}
+
+/// One disk in `cycle_end`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskCycle {
+    pub dev: String,
+    pub disk: Option<String>,
+    /// Fraction of the cycle the disk had requests in flight (io_ticks).
+    pub utilization: f64,
 }
 
 /// Writes events as NDJSON, and to the readers of the event socket when one is served.

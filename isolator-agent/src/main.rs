@@ -5,6 +5,7 @@ use isolator::{
     agent, check,
     enforcer::{Journal, DEFAULT_JOURNAL_DIR},
     probe::DEFAULT_BTF,
+    top::{self, TopOptions},
 };
 
 #[derive(Parser)]
@@ -31,6 +32,9 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_JOURNAL_DIR)]
         journal_dir: PathBuf,
     },
+    /// A top-like view of every service's I/O, SLO state and the agent's actions (reads
+    /// the running agent's --socket; without an agent it collects, observe-only, itself).
+    Top(TopOptions),
     /// Check that this host can run the agent; each failing item says what to do.
     Check {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
@@ -70,12 +74,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    // `top` owns the terminal: no log lines on it.
+    if !matches!(cli.command, Command::Top(_)) {
+        let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
 
     let result = match cli.command {
         Command::Run(opts) => tokio::runtime::Builder::new_current_thread()
@@ -83,6 +90,7 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(agent::run(opts))),
+        Command::Top(opts) => top::run(opts),
         Command::Restore { journal_dir } => restore(&journal_dir),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);

@@ -1,0 +1,316 @@
+//! `isolator top`: a top-like view of every service's I/O, SLO state and the agent's actions.
+//! It reads a running agent's event socket; with no agent it runs an observe-only collector
+//! of its own. The [`model`] and [`app`] are pure; [`view`] draws; this module owns the
+//! terminal and the event sources.
+
+pub mod app;
+pub mod model;
+pub mod view;
+
+use std::{
+    io::{self, BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc::{self, Receiver, Sender, TryRecvError},
+    },
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use ratatui::crossterm::event::{self, Event as TermEvent, KeyEventKind};
+
+use crate::{
+    agent::{Agent, RunOptions},
+    events::NdjsonSink,
+    privileges, probe,
+};
+use app::{App, Flow};
+use model::StreamError;
+
+/// How often a lost agent is looked for again.
+const RECONNECT_EVERY: Duration = Duration::from_secs(2);
+/// Longest wait for the agent's first event before the view starts.
+const FIRST_EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(clap::Args)]
+pub struct TopOptions {
+    /// The running agent's event socket (`isolator run --socket`).
+    #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Cycle length of the collector top runs itself when no agent serves the socket.
+    #[arg(long, default_value = "1s", value_parser = crate::agent::parse_interval)]
+    pub interval: Duration,
+    /// Kernel BTF, for the collector top runs itself.
+    #[arg(long, value_name = "PATH", default_value = probe::DEFAULT_BTF)]
+    pub btf: PathBuf,
+    /// Docker Engine API socket, for container names in the collector top runs itself.
+    #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
+    pub docker_socket: PathBuf,
+}
+
+enum Feed {
+    Line(String),
+    Lost(String),
+}
+
+static TERMINATE: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_terminate(_: libc::c_int) {
+    TERMINATE.store(true, Ordering::Relaxed);
+}
+
+pub fn run(opts: TopOptions) -> Result<()> {
+    let (tx, rx) = mpsc::channel();
+    let (source, own) = match UnixStream::connect(&opts.socket) {
+        Ok(stream) => {
+            let reader = first_event(stream, &opts.socket, &tx)?;
+            let socket = opts.socket.clone();
+            std::thread::spawn(move || follow_agent(&socket, Some(reader), tx));
+            (format!("agent on {}", opts.socket.display()), None)
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => bail!(
+            "cannot read {}: permission denied; the agent's event socket is root-only (mode 0600): run 'sudo isolator top'",
+            opts.socket.display()
+        ),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            if !privileges::can_load_bpf(privileges::effective_caps()) {
+                bail!(
+                    "no agent serves {} and collecting without one needs root; start 'isolator run', or run 'sudo isolator top'",
+                    opts.socket.display()
+                );
+            }
+            let own = OwnCollector::start(&opts, tx)?;
+            (
+                format!(
+                    "own collector, observe only (no agent on {})",
+                    opts.socket.display()
+                ),
+                Some(own),
+            )
+        }
+        Err(e) => bail!(
+            "cannot connect to {}: {e}; check --socket",
+            opts.socket.display()
+        ),
+    };
+    // SAFETY: the handlers only store to an atomic.
+    unsafe {
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(sig, on_terminate as *const () as libc::sighandler_t);
+        }
+    }
+    let mut app = App::new(source);
+    // Restores the terminal on panic too (ratatui's hook).
+    let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
+    let result = event_loop(&mut terminal, &mut app, &rx);
+    ratatui::restore();
+    if let Some(own) = own {
+        own.stop();
+    }
+    result
+}
+
+/// Reads the agent's first event before the view starts, so an incompatible agent is an
+/// error on stderr rather than a broken screen.
+fn first_event(
+    stream: UnixStream,
+    socket: &Path,
+    tx: &Sender<Feed>,
+) -> Result<BufReader<UnixStream>> {
+    stream.set_read_timeout(Some(FIRST_EVENT_TIMEOUT))?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).with_context(|| {
+        format!(
+            "{} accepted but sent nothing within {} s; is it an isolator agent's --socket?",
+            socket.display(),
+            FIRST_EVENT_TIMEOUT.as_secs()
+        )
+    })?;
+    let mut probe = model::Model::default();
+    match probe.ingest_line(&line) {
+        Ok(()) => {}
+        Err(e @ StreamError::Schema(_)) => bail!("{e}"),
+        Err(e) => bail!(
+            "{} does not speak isolator events ({e}); check --socket",
+            socket.display()
+        ),
+    }
+    reader.get_ref().set_read_timeout(None)?;
+    let _ = tx.send(Feed::Line(line));
+    Ok(reader)
+}
+
+/// Forwards the agent's lines; when the agent goes away, says so and reconnects.
+fn follow_agent(socket: &Path, mut reader: Option<BufReader<UnixStream>>, tx: Sender<Feed>) {
+    loop {
+        if let Some(r) = reader.take() {
+            let mut why = "the agent closed its event stream".to_string();
+            for line in r.lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(Feed::Line(l)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        why = format!("reading {}: {e}", socket.display());
+                        break;
+                    }
+                }
+            }
+            if tx.send(Feed::Lost(why)).is_err() {
+                return;
+            }
+        }
+        std::thread::sleep(RECONNECT_EVERY);
+        match UnixStream::connect(socket) {
+            Ok(s) => reader = Some(BufReader::new(s)),
+            Err(e) => {
+                let why = format!("no agent on {} ({e})", socket.display());
+                if tx.send(Feed::Lost(why)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn event_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    app: &mut App,
+    rx: &Receiver<Feed>,
+) -> Result<()> {
+    loop {
+        if TERMINATE.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Bounded, so a flood of events never starves the keyboard.
+        for _ in 0..20_000 {
+            match rx.try_recv() {
+                Ok(Feed::Line(l)) => match app.ingest_line(&l) {
+                    Err(e @ StreamError::Schema(_)) => app.live_mut().lost(e.to_string()),
+                    // A line that is not an event is skipped; the stream goes on.
+                    Err(StreamError::NotAnEvent(_)) | Ok(()) => {}
+                },
+                Ok(Feed::Lost(why)) => app.live_mut().lost(why),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    app.live_mut().lost("the collector stopped".into());
+                    break;
+                }
+            }
+        }
+        terminal.draw(|f| view::render(f, app))?;
+        match event::poll(Duration::from_millis(250)) {
+            Ok(true) => {
+                if let TermEvent::Key(k) = event::read()? {
+                    if k.kind != KeyEventKind::Release && app.key(k) == Flow::Quit {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(false) => {}
+            // A signal interrupted the wait: the loop looks at TERMINATE.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sends each NDJSON line the in-process agent writes to the view.
+struct LineWriter {
+    tx: Sender<Feed>,
+    buf: Vec<u8>,
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=i).collect();
+            let text = String::from_utf8_lossy(&line[..i]).into_owned();
+            self.tx
+                .send(Feed::Line(text))
+                .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "top has quit"))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An observe-only agent on a thread of its own, for when no agent runs.
+struct OwnCollector {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OwnCollector {
+    fn start(opts: &TopOptions, tx: Sender<Feed>) -> Result<OwnCollector> {
+        let run = RunOptions {
+            interval: opts.interval,
+            json: None,
+            btf: opts.btf.clone(),
+            config: None,
+            policy: "adaptive".into(),
+            ute_threshold: 0.75,
+            dry_run: false,
+            journal_dir: crate::enforcer::DEFAULT_JOURNAL_DIR.into(),
+            docker_socket: opts.docker_socket.clone(),
+            socket: "off".into(),
+        };
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("cannot start a runtime: {e}")));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let sink = NdjsonSink::to_writer(Box::new(LineWriter { tx, buf: vec![] }));
+                let agent = match Agent::start_with_sink(&run, sink) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let quit = async {
+                    let _ = stopped.await;
+                    "quit"
+                };
+                if let Err(e) = agent.run_until(run.interval, quit).await {
+                    tracing::warn!(error = %format!("{e:#}"), "collector stopped");
+                }
+            });
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(OwnCollector { stop, thread }),
+            Ok(Err(e)) => bail!("{e}"),
+            Err(_) => bail!("the collector thread ended before starting"),
+        }
+    }
+
+    /// Detaches the programs and waits for the thread.
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,1293 @@
+//! What `isolator top` shows, built from the agent's event stream alone (no terminal, no
+//! kernel): rows are committed at each `cycle_end`, so the view never shows half a cycle.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use serde_json::Value;
+
+/// The event schema this view understands.
+pub const SCHEMA: u64 = 1;
+/// Points of history kept per row: five minutes at the default 1 s cycle.
+pub const HISTORY: usize = 300;
+/// Actions kept for the action log.
+const ACTIONS: usize = 1000;
+/// Cycles an idle cgroup keeps its row (so bursty I/O does not make rows blink).
+const IDLE_GRACE_CYCLES: u64 = 10;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum StreamError {
+    #[error("the agent speaks event schema {0}, this isolator top understands schema {SCHEMA}; run the isolator top of the agent's version")]
+    Schema(u64),
+    #[error("not an isolator event: {0}")]
+    NotAnEvent(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum State {
+    Unconfigured,
+    Ok,
+    Throttled,
+    Violating,
+}
+
+impl State {
+    pub fn label(self) -> &'static str {
+        match self {
+            State::Unconfigured => "unconfigured",
+            State::Ok => "ok",
+            State::Throttled => "throttled",
+            State::Violating => "violating",
+        }
+    }
+
+    fn parse(s: &str) -> State {
+        match s {
+            "violating" => State::Violating,
+            "throttled" => State::Throttled,
+            _ => State::Ok,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Slo {
+    Latency { p999_ns: u64 },
+    Throughput { rate_bps: u64 },
+    BestEffort,
+}
+
+impl Slo {
+    fn parse(v: &Value) -> Option<Slo> {
+        match v.get("class")?.as_str()? {
+            "latency" => Some(Slo::Latency {
+                p999_ns: v.get("p999_ns")?.as_u64()?,
+            }),
+            "throughput" => Some(Slo::Throughput {
+                rate_bps: v.get("rate_bps")?.as_u64()?,
+            }),
+            _ => Some(Slo::BestEffort),
+        }
+    }
+
+    pub fn class(&self) -> &'static str {
+        match self {
+            Slo::Latency { .. } => "latency",
+            Slo::Throughput { .. } => "throughput",
+            Slo::BestEffort => "best-effort",
+        }
+    }
+}
+
+/// The limits the agent has set, bytes/s and IOPS (None: unlimited).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Limits {
+    pub rbps: Option<u64>,
+    pub wbps: Option<u64>,
+    pub riops: Option<u64>,
+    pub wiops: Option<u64>,
+}
+
+impl Limits {
+    fn parse(v: &Value) -> Limits {
+        let k = |n: &str| v.get(n).and_then(Value::as_u64);
+        Limits {
+            rbps: k("rbps"),
+            wbps: k("wbps"),
+            riops: k("riops"),
+            wiops: k("wiops"),
+        }
+    }
+
+    /// The tighter of two limits, knob by knob (a service limited on two disks).
+    fn tightest(self, o: Limits) -> Limits {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Limits {
+            rbps: min(self.rbps, o.rbps),
+            wbps: min(self.wbps, o.wbps),
+            riops: min(self.riops, o.riops),
+            wiops: min(self.wiops, o.wiops),
+        }
+    }
+
+    pub fn is_unlimited(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// Bytes per second allowed, read and write together; None when neither is limited.
+    pub fn bps(&self) -> Option<u64> {
+        match (self.rbps, self.wbps) {
+            (None, None) => None,
+            (r, w) => Some(r.unwrap_or(0) + w.unwrap_or(0)),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RowKey {
+    Service(String),
+    Cgroup(u64),
+}
+
+/// One operation class of one cgroup on one disk, for the detail pane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpLatency {
+    pub disk: String,
+    pub op: String,
+    pub samples: u64,
+    pub p50_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
+    pub p999_ns: Option<u64>,
+    pub max_ns: Option<u64>,
+}
+
+/// A row's last minutes, one point per cycle, oldest first.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    pub p999_ns: VecDeque<Option<u64>>,
+    pub mbps: VecDeque<f64>,
+    pub limit_bps: VecDeque<Option<u64>>,
+}
+
+impl History {
+    fn push(&mut self, p999_ns: Option<u64>, mbps: f64, limit_bps: Option<u64>) {
+        if self.mbps.len() == HISTORY {
+            self.p999_ns.pop_front();
+            self.mbps.pop_front();
+            self.limit_bps.pop_front();
+        }
+        self.p999_ns.push_back(p999_ns);
+        self.mbps.push_back(mbps);
+        self.limit_bps.push_back(limit_bps);
+    }
+}
+
+/// One service (a configured or labelled one) or one unconfigured cgroup.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub key: RowKey,
+    pub name: String,
+    /// `container`, `pod`, `unit`, `cgroup`; a service takes its cgroups' kind when they
+    /// agree, else `service`.
+    pub kind: String,
+    pub slo: Option<Slo>,
+    pub p50_ns: Option<u64>,
+    pub p999_ns: Option<u64>,
+    /// Requests behind `p999_ns`.
+    pub samples: u64,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    pub iops: f64,
+    pub inflight: f64,
+    pub limit: Limits,
+    pub state: State,
+    pub vio: Option<f64>,
+    /// Services: this cycle's latency in power-of-two buckets (upper bound ns, count).
+    pub latency_log2: Vec<(u64, u64)>,
+    /// Unconfigured cgroups: percentiles per disk and operation.
+    pub latency_by_op: Vec<OpLatency>,
+    /// Cgroup paths (a service's: those with I/O this cycle).
+    pub cgroups: Vec<String>,
+    pub disks: Vec<String>,
+    pub last_active_cycle: u64,
+    pub history: History,
+}
+
+impl Row {
+    fn new(key: RowKey, name: String) -> Row {
+        Row {
+            key,
+            name,
+            kind: String::new(),
+            slo: None,
+            p50_ns: None,
+            p999_ns: None,
+            samples: 0,
+            read_mbps: 0.0,
+            write_mbps: 0.0,
+            iops: 0.0,
+            inflight: 0.0,
+            limit: Limits::default(),
+            state: State::Unconfigured,
+            vio: None,
+            latency_log2: vec![],
+            latency_by_op: vec![],
+            cgroups: vec![],
+            disks: vec![],
+            last_active_cycle: 0,
+            history: History::default(),
+        }
+    }
+
+    /// A cycle without I/O: rates are zero, latency unknown; state and limit stay.
+    fn idle(&mut self) {
+        self.p50_ns = None;
+        self.p999_ns = None;
+        self.samples = 0;
+        self.read_mbps = 0.0;
+        self.write_mbps = 0.0;
+        self.iops = 0.0;
+        self.inflight = 0.0;
+        self.vio = None;
+        self.latency_log2.clear();
+        self.latency_by_op.clear();
+        if self.state == State::Violating {
+            self.state = State::Ok;
+        }
+    }
+
+    pub fn mbps(&self) -> f64 {
+        self.read_mbps + self.write_mbps
+    }
+
+    /// Words a filter matches against.
+    fn matches(&self, needle: &str) -> bool {
+        let hay = |s: &str| s.to_lowercase().contains(needle);
+        hay(&self.name)
+            || hay(&self.kind)
+            || hay(self.state.label())
+            || self.slo.as_ref().is_some_and(|s| hay(s.class()))
+            || self.cgroups.iter().any(|c| hay(c))
+            || self.disks.iter().any(|d| hay(d))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Header {
+    pub host: String,
+    pub kernel: String,
+    pub version: String,
+    pub pid: u64,
+    pub cgroup_mode: String,
+    /// None: the agent only observes.
+    pub policy: Option<String>,
+    pub interval_s: f64,
+    pub dry_run: bool,
+}
+
+/// A disk's totals over all cgroups this cycle.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Disk {
+    pub dev: String,
+    pub name: Option<String>,
+    pub utilization: f64,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    pub iops: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActionKind {
+    Decision,
+    ViolationStart,
+    ViolationEnd,
+    Restore,
+    Warning,
+    Error,
+    Info,
+}
+
+/// Something the agent did or said, for the action log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Action {
+    /// Wall-clock time of the event, HH:MM:SS (UTC, as the agent wrote it).
+    pub time: String,
+    pub cycle: Option<u64>,
+    pub kind: ActionKind,
+    pub service: Option<String>,
+    pub cgroups: Vec<String>,
+    pub text: String,
+}
+
+/// Where the events come from and whether they still do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Link {
+    Connecting,
+    Live,
+    /// The agent said agent_stop.
+    Stopped(String),
+    /// The stream broke without agent_stop.
+    Lost(String),
+}
+
+#[derive(Default, Clone)]
+struct Pending {
+    cgroups: Vec<CgroupCycle>,
+    services: Vec<ServiceCycle>,
+}
+
+#[derive(Clone)]
+struct CgroupCycle {
+    id: u64,
+    name: String,
+    kind: String,
+    path: Option<String>,
+    read_mbps: f64,
+    write_mbps: f64,
+    iops: f64,
+    inflight: f64,
+    ops: Vec<OpLatency>,
+    /// dev -> (disk, read MB/s, write MB/s, IOPS)
+    by_dev: Vec<(String, Option<String>, f64, f64, f64)>,
+}
+
+#[derive(Clone)]
+struct ServiceCycle {
+    name: String,
+    slo: Option<Slo>,
+    disk: String,
+    state: State,
+    p50_ns: Option<u64>,
+    p999_ns: Option<u64>,
+    samples: u64,
+    latency_log2: Vec<(u64, u64)>,
+    cgroups: Vec<u64>,
+    read_mbps: f64,
+    write_mbps: f64,
+    iops: f64,
+    inflight: f64,
+    vio: Option<f64>,
+    limit: Limits,
+}
+
+#[derive(Clone)]
+pub struct Model {
+    pub header: Option<Header>,
+    pub disks: Vec<Disk>,
+    pub cycle: u64,
+    pub link: Link,
+    pub actions: VecDeque<Action>,
+    rows: BTreeMap<RowKey, Row>,
+    pending: Pending,
+    /// cgroup id -> (kind, path), from cgroup_stats, to name a service's cgroups.
+    cgroups: HashMap<u64, (String, Option<String>)>,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            header: None,
+            disks: vec![],
+            cycle: 0,
+            link: Link::Connecting,
+            actions: VecDeque::new(),
+            rows: BTreeMap::new(),
+            pending: Pending::default(),
+            cgroups: HashMap::new(),
+        }
+    }
+}
+
+fn u64_at(v: &Value, key: &str) -> Option<u64> {
+    v.get(key).and_then(Value::as_u64)
+}
+
+fn f64_at(v: &Value, key: &str) -> f64 {
+    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+fn str_at(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A limit as written to the cgroup file, in words: `max` (v2) and `0` (v1) are unlimited,
+/// bytes/s are MB/s.
+fn knob_value(knob: &str, value: &str) -> String {
+    match value.parse::<u64>() {
+        _ if value == "max" => "unlimited".into(),
+        Ok(0) if knob != "weight" => "unlimited".into(),
+        Ok(v) if knob.ends_with("bps") => format!("{:.1} MB/s", v as f64 / 1e6),
+        Ok(v) if knob.ends_with("iops") => format!("{v} IOPS"),
+        _ => value.to_string(),
+    }
+}
+
+/// Latency in words for action texts: 812us, 12.3ms, 1.20s.
+pub fn latency_words(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns < 1e6 {
+        format!("{:.0}us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.1}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+impl Model {
+    /// Takes one NDJSON line from the agent.
+    pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| StreamError::NotAnEvent(format!("{e}: {line:.80}")))?;
+        self.ingest(&v)
+    }
+
+    pub fn ingest(&mut self, v: &Value) -> Result<(), StreamError> {
+        let schema =
+            u64_at(v, "schema").ok_or_else(|| StreamError::NotAnEvent("no schema field".into()))?;
+        if schema != SCHEMA {
+            return Err(StreamError::Schema(schema));
+        }
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or_default();
+        let time = v
+            .get("ts")
+            .and_then(Value::as_str)
+            .and_then(|t| t.get(11..19))
+            .unwrap_or_default()
+            .to_string();
+        let cycle = u64_at(v, "cycle");
+        let action = |kind: ActionKind, service: Option<String>, text: String| {
+            let cgroups = v
+                .get("cgroups")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| c.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Action {
+                time: time.clone(),
+                cycle,
+                kind,
+                service,
+                cgroups,
+                text,
+            }
+        };
+        match ty {
+            "agent_start" => {
+                let restarted = self.header.is_some();
+                let h = Header {
+                    host: str_at(v, "host"),
+                    kernel: str_at(v, "kernel"),
+                    version: str_at(v, "version"),
+                    pid: u64_at(v, "pid").unwrap_or(0),
+                    cgroup_mode: str_at(v, "cgroup_mode"),
+                    policy: v.get("policy").and_then(Value::as_str).map(str::to_string),
+                    interval_s: f64_at(v, "interval_s"),
+                    dry_run: v.get("dry_run").and_then(Value::as_bool).unwrap_or(false),
+                };
+                let text = format!(
+                    "agent {} started (pid {}, {}{})",
+                    h.version,
+                    h.pid,
+                    h.policy.as_deref().unwrap_or("observe only"),
+                    if h.dry_run { ", dry run" } else { "" }
+                );
+                if restarted {
+                    self.push_action(action(ActionKind::Info, None, text));
+                    // Cycle numbers start again from 1.
+                    for r in self.rows.values_mut() {
+                        r.last_active_cycle = 0;
+                    }
+                }
+                self.header = Some(h);
+                self.pending = Pending::default();
+                self.link = Link::Live;
+            }
+            "cgroup_stats" => {
+                let c = parse_cgroup(v);
+                self.cgroups.insert(c.id, (c.kind.clone(), c.path.clone()));
+                self.pending.cgroups.push(c);
+            }
+            "service_stats" => self.pending.services.push(parse_service(v)),
+            "cycle_end" => self.commit(v),
+            "cgroup_gone" => {
+                if let Some(id) = v.pointer("/cgroup/id").and_then(Value::as_u64) {
+                    self.rows.remove(&RowKey::Cgroup(id));
+                    self.cgroups.remove(&id);
+                }
+            }
+            "decision" => {
+                let service = str_at(v, "service");
+                let applied = v.get("applied").and_then(Value::as_bool).unwrap_or(false);
+                let dev = v.get("dev").and_then(Value::as_str).unwrap_or("");
+                let knob = str_at(v, "knob");
+                let text = format!(
+                    "{service}: {knob} {} -> {}{}{}: {}",
+                    knob_value(&knob, &str_at(v, "old")),
+                    knob_value(&knob, &str_at(v, "new")),
+                    if dev.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {dev}")
+                    },
+                    if applied { "" } else { " (not applied)" },
+                    str_at(v, "reason")
+                );
+                self.push_action(action(ActionKind::Decision, Some(service), text));
+            }
+            "violation_start" | "violation_end" => {
+                let service = str_at(v, "service");
+                let dev = str_at(v, "dev");
+                let slo = v.get("slo").and_then(Slo::parse);
+                let p999 = u64_at(v, "p999_ns");
+                let rate = f64_at(v, "rate_bps");
+                let numbers = match slo {
+                    Some(Slo::Latency { p999_ns }) => format!(
+                        "p99.9 {} vs SLO {}",
+                        p999.map(latency_words).unwrap_or_else(|| "-".into()),
+                        latency_words(p999_ns)
+                    ),
+                    Some(Slo::Throughput { rate_bps }) => format!(
+                        "{:.1} MB/s vs SLO {:.1} MB/s",
+                        rate / 1e6,
+                        rate_bps as f64 / 1e6
+                    ),
+                    _ => String::new(),
+                };
+                if ty == "violation_start" {
+                    let text = format!("{service} violates its SLO on {dev}: {numbers}");
+                    self.push_action(action(ActionKind::ViolationStart, Some(service), text));
+                } else {
+                    let text = format!("{service} meets its SLO again on {dev}: {numbers}");
+                    self.push_action(action(ActionKind::ViolationEnd, Some(service), text));
+                }
+            }
+            "restore" => {
+                let text = format!(
+                    "restored {} {} = {} ({}, {})",
+                    str_at(v, "file"),
+                    str_at(v, "knob"),
+                    str_at(v, "value"),
+                    str_at(v, "result"),
+                    str_at(v, "reason")
+                );
+                self.push_action(action(ActionKind::Restore, None, text));
+            }
+            "warning" | "error" => {
+                let kind = if ty == "warning" {
+                    ActionKind::Warning
+                } else {
+                    ActionKind::Error
+                };
+                let text = format!("{} {}: {}", ty, str_at(v, "code"), str_at(v, "message"));
+                self.push_action(action(kind, None, text));
+            }
+            "label_slo" => {
+                let service = v.get("service").and_then(Value::as_str).map(str::to_string);
+                if str_at(v, "outcome") == "released" {
+                    if let Some(s) = &service {
+                        self.rows.remove(&RowKey::Service(s.clone()));
+                    }
+                }
+                let text = format!(
+                    "container {}: label SLO {}: {}",
+                    str_at(v, "container"),
+                    str_at(v, "outcome"),
+                    str_at(v, "message")
+                );
+                self.push_action(action(ActionKind::Info, service, text));
+            }
+            "docker_connected" => {
+                let text = format!(
+                    "Docker answers on {} (API {}, {} containers)",
+                    str_at(v, "socket"),
+                    str_at(v, "api_version"),
+                    u64_at(v, "containers").unwrap_or(0)
+                );
+                self.push_action(action(ActionKind::Info, None, text));
+            }
+            "agent_stop" => {
+                let reason = str_at(v, "reason");
+                let text = format!(
+                    "agent stopped ({reason}) after {} cycles",
+                    u64_at(v, "cycles").unwrap_or(0)
+                );
+                self.push_action(action(ActionKind::Info, None, text));
+                self.link = Link::Stopped(reason);
+            }
+            // Unknown types are a newer agent's additions within the schema: ignored.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn push_action(&mut self, a: Action) {
+        if self.actions.len() == ACTIONS {
+            self.actions.pop_front();
+        }
+        self.actions.push_back(a);
+    }
+
+    /// The stream broke: rows stay as they were, the status says why.
+    pub fn lost(&mut self, why: String) {
+        if !matches!(self.link, Link::Stopped(_)) {
+            self.link = Link::Lost(why);
+        }
+        self.pending = Pending::default();
+    }
+
+    fn commit(&mut self, end: &Value) {
+        let cycle = u64_at(end, "cycle").unwrap_or(self.cycle + 1);
+        self.cycle = cycle;
+        let pending = std::mem::take(&mut self.pending);
+
+        // Disks: utilization from cycle_end, traffic summed over the cgroups.
+        let mut disks: BTreeMap<String, Disk> = BTreeMap::new();
+        for d in end
+            .get("disks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let dev = str_at(d, "dev");
+            disks.insert(
+                dev.clone(),
+                Disk {
+                    dev,
+                    name: d.get("disk").and_then(Value::as_str).map(str::to_string),
+                    utilization: f64_at(d, "utilization"),
+                    ..Disk::default()
+                },
+            );
+        }
+        for c in &pending.cgroups {
+            for (dev, name, r, w, iops) in &c.by_dev {
+                let d = disks.entry(dev.clone()).or_insert_with(|| Disk {
+                    dev: dev.clone(),
+                    name: name.clone(),
+                    ..Disk::default()
+                });
+                d.read_mbps += r;
+                d.write_mbps += w;
+                d.iops += iops;
+            }
+        }
+        self.disks = disks.into_values().collect();
+
+        let mut touched: BTreeSet<RowKey> = BTreeSet::new();
+        let mut claimed: BTreeSet<u64> = BTreeSet::new();
+        let mut by_service: BTreeMap<String, Vec<ServiceCycle>> = BTreeMap::new();
+        for s in pending.services {
+            claimed.extend(&s.cgroups);
+            by_service.entry(s.name.clone()).or_default().push(s);
+        }
+        for (name, parts) in by_service {
+            let key = RowKey::Service(name.clone());
+            let kinds: BTreeSet<&str> = parts
+                .iter()
+                .flat_map(|p| &p.cgroups)
+                .filter_map(|id| self.cgroups.get(id).map(|(k, _)| k.as_str()))
+                .collect();
+            let paths: BTreeSet<String> = parts
+                .iter()
+                .flat_map(|p| &p.cgroups)
+                .filter_map(|id| self.cgroups.get(id).and_then(|(_, p)| p.clone()))
+                .collect();
+            let row = self
+                .rows
+                .entry(key.clone())
+                .or_insert_with(|| Row::new(key.clone(), name.clone()));
+            aggregate_service(row, &parts);
+            match kinds.len() {
+                0 if row.kind.is_empty() => row.kind = "service".into(),
+                0 => {}
+                1 => row.kind = kinds.into_iter().next().unwrap_or("service").into(),
+                _ => row.kind = "service".into(),
+            }
+            if !paths.is_empty() {
+                row.cgroups = paths.into_iter().collect();
+            }
+            if row.samples > 0 || row.mbps() > 0.0 {
+                row.last_active_cycle = cycle;
+            }
+            touched.insert(key);
+        }
+        for c in pending.cgroups {
+            if claimed.contains(&c.id) {
+                continue;
+            }
+            let key = RowKey::Cgroup(c.id);
+            let row = self
+                .rows
+                .entry(key.clone())
+                .or_insert_with(|| Row::new(key.clone(), c.name.clone()));
+            fill_cgroup(row, c);
+            row.last_active_cycle = cycle;
+            touched.insert(key);
+        }
+        // A cgroup now claimed by a service (a label applied) is no longer its own row.
+        self.rows
+            .retain(|k, _| !matches!(k, RowKey::Cgroup(id) if claimed.contains(id)));
+        for (key, row) in self.rows.iter_mut() {
+            if !touched.contains(key) {
+                row.idle();
+            }
+            row.history.push(row.p999_ns, row.mbps(), row.limit.bps());
+        }
+        // Idle unconfigured cgroups leave after a grace; services stay once seen.
+        self.rows.retain(|k, r| {
+            matches!(k, RowKey::Service(_))
+                || cycle.saturating_sub(r.last_active_cycle) <= IDLE_GRACE_CYCLES
+        });
+    }
+
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        self.rows.values()
+    }
+
+    pub fn row(&self, key: &RowKey) -> Option<&Row> {
+        self.rows.get(key)
+    }
+
+    /// The rows a view shows: filtered (case-insensitive substring of name, kind, class,
+    /// state, cgroup path or disk), then sorted.
+    pub fn visible(&self, sort: Column, reverse: bool, filter: &str) -> Vec<&Row> {
+        let needle = filter.to_lowercase();
+        let mut rows: Vec<&Row> = self
+            .rows
+            .values()
+            .filter(|r| needle.is_empty() || r.matches(&needle))
+            .collect();
+        rows.sort_by(|a, b| {
+            let o = sort.compare(a, b);
+            let o = if reverse { o.reverse() } else { o };
+            o.then_with(|| b.mbps().total_cmp(&a.mbps()))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        rows
+    }
+
+    /// Recent actions concerning one row (its service name or one of its cgroups).
+    pub fn actions_of<'a>(&'a self, row: &'a Row) -> impl Iterator<Item = &'a Action> + 'a {
+        self.actions.iter().rev().filter(move |a| match &row.key {
+            RowKey::Service(s) => a.service.as_deref() == Some(s),
+            RowKey::Cgroup(_) => a.cgroups.iter().any(|c| row.cgroups.contains(c)),
+        })
+    }
+}
+
+fn parse_cgroup(v: &Value) -> CgroupCycle {
+    let cg = v.get("cgroup").cloned().unwrap_or_default();
+    let totals = v.get("totals").cloned().unwrap_or_default();
+    let mut ops = vec![];
+    let mut inflight = 0.0;
+    let mut by_dev = vec![];
+    for d in v
+        .get("devices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let dev = str_at(d, "dev");
+        let disk = d.get("disk").and_then(Value::as_str).map(str::to_string);
+        let (mut r, mut w, mut iops) = (0.0, 0.0, 0.0);
+        for op in ["read", "write", "other"] {
+            let Some(o) = d.get(op) else { continue };
+            match op {
+                "read" => r += f64_at(o, "mbps"),
+                "write" => w += f64_at(o, "mbps"),
+                _ => {}
+            }
+            iops += f64_at(o, "iops");
+            inflight += o
+                .pointer("/inflight/mean")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            // What the submitter waits (total); device latency where no start time exists.
+            let lat = match o.get("total") {
+                Some(t) if u64_at(t, "samples").unwrap_or(0) > 0 => t,
+                _ => o.get("latency").unwrap_or(&Value::Null),
+            };
+            ops.push(OpLatency {
+                disk: disk.clone().unwrap_or_else(|| dev.clone()),
+                op: op.into(),
+                samples: u64_at(lat, "samples").unwrap_or(0),
+                p50_ns: u64_at(lat, "p50_ns"),
+                p99_ns: u64_at(lat, "p99_ns"),
+                p999_ns: u64_at(lat, "p999_ns"),
+                max_ns: u64_at(lat, "max_ns"),
+            });
+        }
+        by_dev.push((dev, disk, r, w, iops));
+    }
+    CgroupCycle {
+        id: u64_at(&cg, "id").unwrap_or(0),
+        name: str_at(&cg, "name"),
+        kind: str_at(&cg, "kind"),
+        path: cg.get("path").and_then(Value::as_str).map(str::to_string),
+        read_mbps: f64_at(&totals, "read_mbps"),
+        write_mbps: f64_at(&totals, "write_mbps"),
+        iops: f64_at(&totals, "iops"),
+        inflight,
+        ops,
+        by_dev,
+    }
+}
+
+fn parse_service(v: &Value) -> ServiceCycle {
+    ServiceCycle {
+        name: str_at(v, "service"),
+        slo: v.get("slo").and_then(Slo::parse),
+        disk: v
+            .get("disk")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| str_at(v, "dev")),
+        state: State::parse(v.get("state").and_then(Value::as_str).unwrap_or("ok")),
+        p50_ns: u64_at(v, "p50_ns"),
+        p999_ns: u64_at(v, "p999_ns"),
+        samples: u64_at(v, "samples").unwrap_or(0),
+        latency_log2: v
+            .get("latency_log2")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((p.get(0)?.as_u64()?, p.get(1)?.as_u64()?)))
+            .collect(),
+        cgroups: v
+            .get("cgroups")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .collect(),
+        read_mbps: f64_at(v, "read_mbps"),
+        write_mbps: f64_at(v, "write_mbps"),
+        iops: f64_at(v, "iops"),
+        inflight: f64_at(v, "mean_inflight"),
+        vio: v.get("vio").and_then(Value::as_f64),
+        limit: v.get("limit").map(Limits::parse).unwrap_or_default(),
+    }
+}
+
+/// A service over its disks: the worst state and p99.9, summed traffic, the tightest limit.
+fn aggregate_service(row: &mut Row, parts: &[ServiceCycle]) {
+    row.slo = parts.iter().find_map(|p| p.slo.clone());
+    row.state = parts.iter().map(|p| p.state).max().unwrap_or(State::Ok);
+    let worst = parts
+        .iter()
+        .filter(|p| p.p999_ns.is_some())
+        .max_by_key(|p| p.p999_ns);
+    row.p999_ns = worst.and_then(|p| p.p999_ns);
+    row.p50_ns = worst.and_then(|p| p.p50_ns);
+    row.samples = worst
+        .map(|p| p.samples)
+        .unwrap_or_else(|| parts.iter().map(|p| p.samples).sum());
+    row.read_mbps = parts.iter().map(|p| p.read_mbps).sum();
+    row.write_mbps = parts.iter().map(|p| p.write_mbps).sum();
+    row.iops = parts.iter().map(|p| p.iops).sum();
+    row.inflight = parts.iter().map(|p| p.inflight).sum();
+    row.vio = parts.iter().filter_map(|p| p.vio).reduce(f64::max);
+    row.limit = parts
+        .iter()
+        .map(|p| p.limit)
+        .fold(Limits::default(), Limits::tightest);
+    let mut log2: BTreeMap<u64, u64> = BTreeMap::new();
+    for p in parts {
+        for &(upper, n) in &p.latency_log2 {
+            *log2.entry(upper).or_default() += n;
+        }
+    }
+    row.latency_log2 = log2.into_iter().collect();
+    row.disks = parts.iter().map(|p| p.disk.clone()).collect();
+}
+
+fn fill_cgroup(row: &mut Row, c: CgroupCycle) {
+    row.name = c.name;
+    row.kind = c.kind;
+    row.state = State::Unconfigured;
+    row.read_mbps = c.read_mbps;
+    row.write_mbps = c.write_mbps;
+    row.iops = c.iops;
+    row.inflight = c.inflight;
+    // The row shows its slowest operation's tail; without any p99.9, its busiest one.
+    let shown = c
+        .ops
+        .iter()
+        .filter(|o| o.p999_ns.is_some())
+        .max_by_key(|o| o.p999_ns)
+        .or_else(|| c.ops.iter().max_by_key(|o| o.samples));
+    row.p50_ns = shown.and_then(|o| o.p50_ns);
+    row.p999_ns = shown.and_then(|o| o.p999_ns);
+    row.samples = shown.map(|o| o.samples).unwrap_or(0);
+    row.disks = c
+        .by_dev
+        .iter()
+        .map(|(dev, disk, ..)| disk.clone().unwrap_or_else(|| dev.clone()))
+        .collect();
+    row.latency_by_op = c.ops;
+    row.cgroups = c.path.into_iter().collect();
+}
+
+/// The table's columns, in display order; each can be the sort key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Column {
+    Name,
+    Kind,
+    Class,
+    Slo,
+    P50,
+    P999,
+    Samples,
+    Read,
+    Write,
+    Iops,
+    Inflight,
+    Limit,
+    State,
+    Vio,
+}
+
+impl Column {
+    pub const ALL: [Column; 14] = [
+        Column::Name,
+        Column::Kind,
+        Column::Class,
+        Column::Slo,
+        Column::P50,
+        Column::P999,
+        Column::Samples,
+        Column::Read,
+        Column::Write,
+        Column::Iops,
+        Column::Inflight,
+        Column::Limit,
+        Column::State,
+        Column::Vio,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Column::Name => "NAME",
+            Column::Kind => "KIND",
+            Column::Class => "CLASS",
+            Column::Slo => "SLO",
+            Column::P50 => "P50",
+            Column::P999 => "P99.9",
+            Column::Samples => "N",
+            Column::Read => "RD MB/s",
+            Column::Write => "WR MB/s",
+            Column::Iops => "IOPS",
+            Column::Inflight => "INFL",
+            Column::Limit => "LIMIT",
+            Column::State => "STATE",
+            Column::Vio => "VIO",
+        }
+    }
+
+    pub fn next(self) -> Column {
+        let i = Column::ALL.iter().position(|&c| c == self).unwrap_or(0);
+        Column::ALL[(i + 1) % Column::ALL.len()]
+    }
+
+    pub fn prev(self) -> Column {
+        let i = Column::ALL.iter().position(|&c| c == self).unwrap_or(0);
+        Column::ALL[(i + Column::ALL.len() - 1) % Column::ALL.len()]
+    }
+
+    /// Largest, worst or most first; names A to Z.
+    fn compare(self, a: &Row, b: &Row) -> std::cmp::Ordering {
+        let desc = |x: f64, y: f64| y.total_cmp(&x);
+        let opt = |x: Option<u64>, y: Option<u64>| y.cmp(&x);
+        match self {
+            Column::Name => a.name.cmp(&b.name),
+            Column::Kind => a.kind.cmp(&b.kind),
+            Column::Class => {
+                let c = |r: &Row| r.slo.as_ref().map(|s| s.class()).unwrap_or("~");
+                c(a).cmp(c(b))
+            }
+            Column::Slo => {
+                let t = |r: &Row| match r.slo {
+                    Some(Slo::Latency { p999_ns }) => Some(p999_ns),
+                    Some(Slo::Throughput { rate_bps }) => Some(rate_bps),
+                    _ => None,
+                };
+                opt(t(a), t(b))
+            }
+            Column::P50 => opt(a.p50_ns, b.p50_ns),
+            Column::P999 => opt(a.p999_ns, b.p999_ns),
+            Column::Samples => b.samples.cmp(&a.samples),
+            Column::Read => desc(a.read_mbps, b.read_mbps),
+            Column::Write => desc(a.write_mbps, b.write_mbps),
+            Column::Iops => desc(a.iops, b.iops),
+            Column::Inflight => desc(a.inflight, b.inflight),
+            // Tightest limit first; unlimited last.
+            Column::Limit => {
+                let l = |r: &Row| r.limit.bps().unwrap_or(u64::MAX);
+                l(a).cmp(&l(b))
+            }
+            Column::State => b.state.cmp(&a.state),
+            Column::Vio => desc(
+                a.vio.unwrap_or(f64::NEG_INFINITY),
+                b.vio.unwrap_or(f64::NEG_INFINITY),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A real agent's stream (`isolator run --config`, 1 s cycles): `db` (latency, p99.9 <=
+    /// 6 ms, QD1 4 KiB random reads) alone for 4 s, then `backup` (best-effort, QD32 1 MiB
+    /// O_DIRECT writes) next to it for 10 s; the agent caps backup's wbps at cycle 7.
+    pub const RECORDED: &str = include_str!("testdata/noisy-neighbor.ndjson");
+
+    /// The model after the recorded stream's cycle `upto` has ended.
+    pub fn recorded_until(upto: u64) -> Model {
+        let mut m = Model::default();
+        for line in RECORDED.lines() {
+            m.ingest_line(line).unwrap();
+            if line.contains("\"type\":\"cycle_end\"") && m.cycle == upto {
+                break;
+            }
+        }
+        m
+    }
+
+    fn names(rows: &[&Row]) -> Vec<String> {
+        rows.iter().map(|r| r.name.clone()).collect()
+    }
+
+    #[test]
+    fn recorded_stream_rows_and_states() {
+        let m = recorded_until(6);
+        let h = m.header.as_ref().unwrap();
+        assert_eq!((h.host.as_str(), h.cgroup_mode.as_str()), ("vm", "v1"));
+        assert_eq!(h.policy.as_deref(), Some("adaptive"));
+        let db = m.row(&RowKey::Service("db".into())).unwrap();
+        assert_eq!(db.state, State::Ok);
+        assert_eq!(db.slo, Some(Slo::Latency { p999_ns: 6_000_000 }));
+        assert_eq!(db.cgroups, ["/rec-db"]);
+        assert_eq!((db.p999_ns, db.samples), (Some(153_600), 17_227));
+        // The service's cgroups are not rows of their own.
+        assert!(m.rows().all(|r| r.cgroups != ["/rec-db"] || r.name == "db"));
+
+        // Cycle 7: the writer hurts the reader.
+        let m = recorded_until(7);
+        let db = m.row(&RowKey::Service("db".into())).unwrap();
+        assert_eq!(db.state, State::Violating);
+        assert_eq!(db.p999_ns, Some(20_709_376));
+        assert!(db.vio.unwrap() > 2.0);
+        let backup = m.row(&RowKey::Service("backup".into())).unwrap();
+        assert_eq!(backup.slo, Some(Slo::BestEffort));
+        assert!(backup.write_mbps > 1000.0, "{}", backup.write_mbps);
+        assert!(m.actions.iter().any(|a| a.kind == ActionKind::Decision
+            && a.service.as_deref() == Some("backup")
+            && a.text == "backup: wbps unlimited -> 115.6 MB/s on 254:0: aggressor of db: largest device share; cap at 8 % of its rate"));
+
+        // Cycle 8: the cap is in force.
+        let m = recorded_until(8);
+        let backup = m.row(&RowKey::Service("backup".into())).unwrap();
+        assert_eq!(backup.state, State::Throttled);
+        assert_eq!(backup.limit.wbps, Some(115_565_885));
+        assert_eq!(backup.history.limit_bps.back(), Some(&Some(115_565_885)));
+        // Unclaimed cgroups are unconfigured rows: the root and the unattributed requests.
+        let other: Vec<&Row> = m
+            .rows()
+            .filter(|r| r.state == State::Unconfigured)
+            .collect();
+        assert!(other.iter().any(|r| r.key == RowKey::Cgroup(0)));
+        assert!(other.iter().any(|r| r.cgroups == ["/"]));
+        assert_eq!(m.disks.len(), 1);
+        assert_eq!(m.disks[0].name.as_deref(), Some("vda"));
+        assert!(m.disks[0].utilization > 0.5);
+        assert!(m.disks[0].write_mbps > 600.0);
+
+        // Cycle 9: db meets its SLO again.
+        let m = recorded_until(9);
+        assert_eq!(
+            m.row(&RowKey::Service("db".into())).unwrap().state,
+            State::Ok
+        );
+        assert!(m
+            .actions
+            .iter()
+            .any(|a| a.kind == ActionKind::ViolationEnd && a.text.contains("meets its SLO")));
+
+        // The end: limits restored, the agent said it stopped.
+        let m = recorded_until(u64::MAX);
+        assert_eq!(m.link, Link::Stopped("SIGTERM".into()));
+        assert!(m.actions.iter().any(|a| a.kind == ActionKind::Restore
+            && a.text
+                .contains("rec-backup/blkio.throttle.write_bps_device")));
+        let db = m.row(&RowKey::Service("db".into())).unwrap();
+        assert_eq!(db.history.p999_ns.len() as u64, m.cycle - 1);
+    }
+
+    #[test]
+    fn sorting_by_each_column_and_reversed() {
+        let m = recorded_until(8);
+        let services = |rows: Vec<&Row>| -> Vec<String> {
+            names(&rows)
+                .into_iter()
+                .filter(|n| n == "db" || n == "backup")
+                .collect()
+        };
+        // Worst state first: violating db, throttled backup, then the unconfigured.
+        let rows = m.visible(Column::State, false, "");
+        assert_eq!(names(&rows)[..2], ["db", "backup"]);
+        assert!(rows[2..].iter().all(|r| r.state == State::Unconfigured));
+        assert_eq!(
+            services(m.visible(Column::Write, false, "")),
+            ["backup", "db"]
+        );
+        assert_eq!(
+            services(m.visible(Column::Name, false, "")),
+            ["backup", "db"]
+        );
+        assert_eq!(
+            services(m.visible(Column::Name, true, "")),
+            ["db", "backup"]
+        );
+        assert_eq!(
+            services(m.visible(Column::P999, false, "")),
+            ["backup", "db"]
+        );
+        assert_eq!(
+            services(m.visible(Column::Vio, false, "")),
+            ["db", "backup"]
+        );
+        assert_eq!(
+            services(m.visible(Column::Limit, false, "")),
+            ["backup", "db"]
+        );
+        assert_eq!(
+            services(m.visible(Column::Samples, false, "")),
+            ["db", "backup"]
+        );
+        // Every column sorts without losing rows.
+        for c in Column::ALL {
+            assert_eq!(m.visible(c, false, "").len(), m.rows().count(), "{c:?}");
+        }
+        let mut c = Column::Name;
+        for _ in 0..Column::ALL.len() {
+            c = c.next();
+        }
+        assert_eq!(c, Column::Name);
+        assert_eq!(Column::Name.prev(), Column::Vio);
+    }
+
+    #[test]
+    fn filtering_by_name_state_class_and_cgroup() {
+        let m = recorded_until(8);
+        assert_eq!(names(&m.visible(Column::Name, false, "BACK")), ["backup"]);
+        assert_eq!(
+            names(&m.visible(Column::Name, false, "throttled")),
+            ["backup"]
+        );
+        assert_eq!(names(&m.visible(Column::Name, false, "latency")), ["db"]);
+        assert_eq!(names(&m.visible(Column::Name, false, "rec-db")), ["db"]);
+        assert!(m.visible(Column::Name, false, "unconfigured").len() >= 2);
+        assert!(m.visible(Column::Name, false, "no such thing").is_empty());
+    }
+
+    fn line(v: Value) -> String {
+        let mut v = v;
+        v["schema"] = SCHEMA.into();
+        v["ts"] = "2026-11-23T10:00:00.000Z".into();
+        v.to_string()
+    }
+
+    fn cgroup_stats(cycle: u64, id: u64, path: &str, write_mbps: f64) -> String {
+        line(serde_json::json!({
+            "type": "cgroup_stats", "cycle": cycle,
+            "cgroup": {"id": id, "path": path, "kind": "container", "name": path.trim_start_matches('/')},
+            "totals": {"read_mbps": 0.0, "write_mbps": write_mbps, "iops": 10.0},
+            "devices": [{"dev": "254:0", "disk": "vda", "write": {"ios": 10, "bytes": 1, "iops": 10.0, "mbps": write_mbps,
+                "total": {"samples": 10, "p50_ns": 1000, "p99_ns": null, "p999_ns": null, "max_ns": 2000},
+                "inflight": {"now": 0, "peak": 1, "mean": 0.5}}}]
+        }))
+    }
+
+    fn cycle_end(cycle: u64) -> String {
+        line(serde_json::json!({"type": "cycle_end", "cycle": cycle,
+            "disks": [{"dev": "254:0", "disk": "vda", "utilization": 0.25}]}))
+    }
+
+    #[test]
+    fn unconfigured_cgroups_come_and_go() {
+        let mut m = Model::default();
+        m.ingest_line(&cgroup_stats(1, 7, "/web", 3.0)).unwrap();
+        // Nothing shows before the cycle is complete.
+        assert_eq!(m.rows().count(), 0);
+        m.ingest_line(&cycle_end(1)).unwrap();
+        let r = m.row(&RowKey::Cgroup(7)).unwrap();
+        assert_eq!(
+            (r.state, r.kind.as_str(), r.name.as_str()),
+            (State::Unconfigured, "container", "web")
+        );
+        assert_eq!((r.p50_ns, r.p999_ns, r.samples), (Some(1000), None, 10));
+        assert_eq!(m.disks[0].utilization, 0.25);
+        // Idle cycles: zero rates, kept for a grace period, then dropped.
+        for c in 2..=1 + IDLE_GRACE_CYCLES {
+            m.ingest_line(&cycle_end(c)).unwrap();
+        }
+        assert_eq!(m.row(&RowKey::Cgroup(7)).unwrap().write_mbps, 0.0);
+        m.ingest_line(&cycle_end(2 + IDLE_GRACE_CYCLES)).unwrap();
+        assert!(m.row(&RowKey::Cgroup(7)).is_none());
+        // A removed cgroup leaves at once.
+        m.ingest_line(&cgroup_stats(20, 8, "/batch", 1.0)).unwrap();
+        m.ingest_line(&cycle_end(20)).unwrap();
+        m.ingest_line(&line(
+            serde_json::json!({"type": "cgroup_gone", "cycle": 21,
+            "cgroup": {"id": 8, "path": "/batch", "kind": "cgroup", "name": "/batch"}}),
+        ))
+        .unwrap();
+        assert!(m.row(&RowKey::Cgroup(8)).is_none());
+    }
+
+    #[test]
+    fn a_released_label_service_leaves_and_a_restarted_agent_is_said() {
+        let mut m = Model::default();
+        for l in RECORDED.lines().take(40) {
+            m.ingest_line(l).unwrap();
+        }
+        assert!(m.row(&RowKey::Service("db".into())).is_some());
+        m.ingest_line(&line(
+            serde_json::json!({"type": "label_slo", "outcome": "released",
+            "container": "db", "container_id": "ab", "service": "db", "slo": null,
+            "label": null, "message": "stopped"}),
+        ))
+        .unwrap();
+        assert!(m.row(&RowKey::Service("db".into())).is_none());
+        let start = RECORDED
+            .lines()
+            .find(|l| l.contains("agent_start"))
+            .unwrap();
+        m.ingest_line(start).unwrap();
+        assert!(m
+            .actions
+            .back()
+            .unwrap()
+            .text
+            .starts_with("agent 0.1.0 started"));
+    }
+
+    #[test]
+    fn another_schema_or_garbage_is_an_error_not_a_panic() {
+        let mut m = Model::default();
+        assert_eq!(
+            m.ingest_line(r#"{"schema":2,"type":"agent_start"}"#),
+            Err(StreamError::Schema(2))
+        );
+        assert!(StreamError::Schema(2).to_string().contains("schema 2"));
+        assert!(matches!(
+            m.ingest_line("HTTP/1.1 400 Bad Request"),
+            Err(StreamError::NotAnEvent(_))
+        ));
+        assert!(matches!(
+            m.ingest_line(r#"{"type":"agent_start"}"#),
+            Err(StreamError::NotAnEvent(_))
+        ));
+        // Unknown event types of the same schema are ignored.
+        m.ingest_line(r#"{"schema":1,"type":"from_the_future","x":1}"#)
+            .unwrap();
+        // Fields of the wrong type are absent values, not panics.
+        m.ingest_line(r#"{"schema":1,"type":"service_stats","service":3,"samples":"x","latency_log2":[[1],"a"]}"#)
+            .unwrap();
+        m.ingest_line(r#"{"schema":1,"type":"cycle_end","cycle":"one"}"#)
+            .unwrap();
+        m.lost("gone".into());
+        assert_eq!(m.link, Link::Lost("gone".into()));
+    }
+}
