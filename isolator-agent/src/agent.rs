@@ -599,7 +599,11 @@ impl Agent {
                 reason = &mut stop => break reason,
             }
         };
-        self.stop(reason, cycles)
+        self.stop(reason, cycles)?;
+        if let Some(socket) = self.sink.take_socket() {
+            socket.shutdown().await;
+        }
+        Ok(())
     }
 }
 

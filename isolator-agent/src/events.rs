@@ -310,6 +310,11 @@ impl NdjsonSink {
         NdjsonSink { out, socket: None }
     }
 
+    /// The event socket, for a stopping agent to drain.
+    pub fn take_socket(&mut self) -> Option<crate::stream::StreamServer> {
+        self.socket.take()
+    }
+
     /// Also serve every event on the socket from now on.
     pub fn serve(&mut self, socket: crate::stream::StreamServer) {
         self.socket = Some(socket);

@@ -72,12 +72,22 @@ impl Replay {
     }
 }
 
+/// What the accepting task and the publisher share.
+struct Shared {
+    replay: Replay,
+    /// None once the server shuts down: readers then drain and end.
+    tx: Option<broadcast::Sender<Arc<str>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
 pub struct StreamServer {
     path: PathBuf,
-    replay: Arc<Mutex<Replay>>,
-    tx: broadcast::Sender<Arc<str>>,
+    shared: Arc<Mutex<Shared>>,
     accept: JoinHandle<()>,
 }
+
+/// How long a stopping agent waits for its readers to take the last events.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl StreamServer {
     /// Binds `path` (mode 0600) and starts accepting readers. Must run inside a tokio
@@ -105,13 +115,15 @@ impl StreamServer {
         let listener = bound.map_err(|e| StreamError::Io(shown.clone(), e))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| StreamError::Io(shown.clone(), e))?;
-        let replay = Arc::new(Mutex::new(Replay::default()));
-        let (tx, _) = broadcast::channel(READER_BACKLOG);
-        let accept = tokio::spawn(accept_readers(listener, replay.clone(), tx.clone()));
+        let shared = Arc::new(Mutex::new(Shared {
+            replay: Replay::default(),
+            tx: Some(broadcast::channel(READER_BACKLOG).0),
+            readers: vec![],
+        }));
+        let accept = tokio::spawn(accept_readers(listener, shared.clone()));
         Ok(StreamServer {
             path: path.to_path_buf(),
-            replay,
-            tx,
+            shared,
             accept,
         })
     }
@@ -119,13 +131,32 @@ impl StreamServer {
     /// One serialized event (without its newline) to every reader.
     pub fn publish(&self, event_type: &str, line: Arc<str>) {
         // Recorded and sent under one lock, so a reader joining now gets it exactly once.
-        let mut replay = self.replay.lock().unwrap_or_else(|p| p.into_inner());
-        replay.record(event_type, &line);
-        let _ = self.tx.send(line);
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.replay.record(event_type, &line);
+        if let Some(tx) = &shared.tx {
+            let _ = tx.send(line);
+        }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Stops accepting, lets every reader take what was published (the restores and
+    /// agent_stop of a stopping agent), bounded by a timeout, and removes the socket.
+    pub async fn shutdown(self) {
+        self.accept.abort();
+        let readers = {
+            let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.tx = None;
+            std::mem::take(&mut shared.readers)
+        };
+        let drained = async {
+            for r in readers {
+                let _ = r.await;
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
     }
 }
 
@@ -136,20 +167,19 @@ impl Drop for StreamServer {
     }
 }
 
-async fn accept_readers(
-    listener: UnixListener,
-    replay: Arc<Mutex<Replay>>,
-    tx: broadcast::Sender<Arc<str>>,
-) {
+async fn accept_readers(listener: UnixListener, shared: Arc<Mutex<Shared>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let (lines, rx) = {
-            let r = replay.lock().unwrap_or_else(|p| p.into_inner());
-            (r.lines(), tx.subscribe())
+        let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(rx) = s.tx.as_ref().map(|t| t.subscribe()) else {
+            return;
         };
-        tokio::spawn(serve_reader(stream, lines, rx));
+        let lines = s.replay.lines();
+        s.readers.retain(|r| !r.is_finished());
+        s.readers
+            .push(tokio::spawn(serve_reader(stream, lines, rx)));
     }
 }
 
@@ -226,7 +256,11 @@ mod tests {
         // The reader subscribed before its replay was written: nothing falls between.
         server.publish("decision", Arc::from("live"));
         assert_eq!(lines.next_line().await.unwrap().unwrap(), "live");
-        drop(server);
+        // A stopping agent's last events reach the reader before the stream ends.
+        server.publish("agent_stop", Arc::from("stop"));
+        server.shutdown().await;
+        assert_eq!(lines.next_line().await.unwrap().unwrap(), "stop");
+        assert_eq!(lines.next_line().await.unwrap(), None);
         assert!(!path.exists(), "the socket is removed when the agent stops");
         let _ = std::fs::remove_dir(&dir);
     }

@@ -62,6 +62,10 @@ extern "C" fn on_terminate(_: libc::c_int) {
 }
 
 pub fn run(opts: TopOptions) -> Result<()> {
+    use std::io::IsTerminal;
+    if !io::stdout().is_terminal() || !io::stdin().is_terminal() {
+        bail!("isolator top draws on a terminal and this is not one; run it in a terminal, or read the events with 'isolator run' (NDJSON)");
+    }
     let (tx, rx) = mpsc::channel();
     let (source, own) = match UnixStream::connect(&opts.socket) {
         Ok(stream) => {
@@ -108,8 +112,10 @@ pub fn run(opts: TopOptions) -> Result<()> {
     }
     let mut app = App::new(source);
     // Restores the terminal on panic too (ratatui's hook).
-    let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
-    let result = event_loop(&mut terminal, &mut app, &rx);
+    let result = match ratatui::try_init() {
+        Ok(mut terminal) => event_loop(&mut terminal, &mut app, &rx),
+        Err(e) => Err(anyhow::Error::from(e).context("cannot set up the terminal")),
+    };
     ratatui::restore();
     if let Some(own) = own {
         own.stop();

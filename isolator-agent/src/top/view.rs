@@ -372,7 +372,7 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
             }
             _ => format!("{} · best-effort", row.kind),
         },
-        RowKey::Cgroup(id) => format!("{} · cgroup {id} · unconfigured", row.kind),
+        RowKey::Cgroup(id) => format!("{} · id {id} · no SLO", row.kind),
     };
     let block = Block::bordered().title(Line::from(vec![
         Span::styled(format!(" {} ", row.name), Style::new().bold()),

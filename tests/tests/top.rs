@@ -1,0 +1,324 @@
+//! `isolator top` as an operator sees it: in a real terminal (tmux), attached to a live
+//! agent that is protecting a reader from a noisy writer.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use isolator_tests::*;
+
+/// A private tmux server running one command in a 100x30 pane; killed on drop.
+struct Tmux {
+    server: String,
+}
+
+impl Tmux {
+    fn start(cmd: &str) -> Tmux {
+        let t = Tmux {
+            server: unique("isolator-top"),
+        };
+        // The shell says how the command ended and how it left the terminal (canonical
+        // mode and echo back on), and keeps the pane open to be read.
+        let wrapped = format!(
+            "{cmd}; echo TOP-EXIT=$?; echo TTY: $(stty -a | tr ' ' '\\n' | grep -x -e icanon -e -icanon -e echo -e -echo); sleep 120"
+        );
+        t.tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            &wrapped,
+        ]);
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        run_ok(Command::new("tmux").args(["-L", &self.server]).args(args))
+    }
+
+    fn pane(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "top"])
+    }
+
+    /// Keys as tmux names them (`Enter`, `Escape`) or literal text with `-l`.
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "top"];
+        args.extend_from_slice(keys);
+        self.tmux(&args);
+    }
+
+    fn type_text(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "top", "-l", text]);
+    }
+
+    /// The pane once `pred` holds on it; panics with the pane after `timeout`.
+    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let pane = self.pane();
+            if pred(&pane) {
+                return pane;
+            }
+            if Instant::now() > deadline {
+                panic!("the pane never showed {what}:\n{pane}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.server, "kill-server"])
+            .status();
+    }
+}
+
+/// The pane line that starts with a row name (the table pads names to their column).
+fn row<'a>(pane: &'a str, name: &str) -> Option<&'a str> {
+    pane.lines().find(|l| l.starts_with(&format!("{name} ")))
+}
+
+fn line_index(pane: &str, name: &str) -> usize {
+    pane.lines()
+        .position(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no row {name} in\n{pane}"))
+}
+
+#[test]
+fn top_in_a_terminal_follows_a_live_agent_through_the_noisy_neighbor() {
+    require_root();
+    require_tool("fio");
+    require_tool("tmux");
+    let scratch = Scratch::new();
+    let db = TestCgroup::new("iso-top-db");
+    let backup = TestCgroup::new("iso-top-backup");
+    let (rfile, wfile) = noisy::files(&scratch);
+    let config = scratch.path("isolator.toml");
+    std::fs::write(&config, noisy::config(&db, &backup, 6)).unwrap();
+    let socket = scratch.path("isolator.sock");
+    let mut agent = Agent::start_controlling(
+        &config,
+        &scratch.path("journal"),
+        &["--socket", socket.to_str().unwrap()],
+    );
+    let tmux = Tmux::start(&format!(
+        "{} top --socket {}",
+        isolator_bin().display(),
+        socket.display()
+    ));
+
+    std::thread::scope(|s| {
+        let workload =
+            s.spawn(|| noisy::run_pair(&scratch, (&db, &backup), (&rfile, &wfile), 3, 16));
+        // The services and their states, once the agent has acted on the writer.
+        let pane = tmux.wait_for(
+            "backup throttled",
+            |p| row(p, "backup").is_some_and(|l| l.contains("throttled")),
+            Duration::from_secs(40),
+        );
+        assert!(pane.starts_with("isolator top"), "{pane}");
+        assert!(pane.contains("policy adaptive"), "{pane}");
+        let db_row = row(&pane, "db").unwrap_or_else(|| panic!("no db row:\n{pane}"));
+        assert!(
+            db_row.contains("6.0ms") && (db_row.contains(" ok ") || db_row.contains("violating")),
+            "db row: {db_row}"
+        );
+        assert!(
+            row(&pane, "backup").unwrap().contains(" w"),
+            "backup has a write limit:\n{pane}"
+        );
+
+        // Sort: by state (worst first) to start with; then by name, backup above db.
+        assert!(pane.contains("sort STATE"), "{pane}");
+        tmux.keys(&["s", "s"]);
+        let pane = tmux.wait_for(
+            "sort NAME",
+            |p| p.contains("sort NAME"),
+            Duration::from_secs(5),
+        );
+        assert!(
+            line_index(&pane, "backup") < line_index(&pane, "db"),
+            "{pane}"
+        );
+
+        // Filter: only db is left.
+        tmux.keys(&["/"]);
+        tmux.type_text("db");
+        tmux.keys(&["Enter"]);
+        let pane = tmux.wait_for(
+            "filter 'db'",
+            |p| p.contains("filter 'db'"),
+            Duration::from_secs(5),
+        );
+        assert!(row(&pane, "db").is_some(), "{pane}");
+        assert!(
+            row(&pane, "backup").is_none(),
+            "backup is filtered out:\n{pane}"
+        );
+
+        // Detail of db: its latency histogram and its SLO.
+        tmux.keys(&["Enter"]);
+        let pane = tmux.wait_for(
+            "db's detail",
+            |p| p.contains("┌ db") && p.contains("latency this cycle"),
+            Duration::from_secs(5),
+        );
+        assert!(pane.contains("(SLO 6.0ms)"), "{pane}");
+
+        // The action log has the agent's decision on the writer.
+        tmux.keys(&["Escape", "Escape", "a"]);
+        let pane = tmux.wait_for(
+            "the decision on backup",
+            |p| p.contains("newest first") && p.contains("backup: wbps"),
+            Duration::from_secs(5),
+        );
+        assert!(pane.contains("on 254:0") || pane.contains(" on "), "{pane}");
+
+        tmux.keys(&["Escape"]);
+        let run = workload.join().unwrap();
+        assert!(run.reader_ok && run.writer_ok, "fio failed");
+    });
+
+    // The agent goes away: top says so, and keeps its last view.
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "agent: {stderr}");
+    let pane = tmux.wait_for(
+        "the agent's stop",
+        |p| p.contains("agent stopped (SIGTERM)"),
+        Duration::from_secs(10),
+    );
+    assert!(row(&pane, "db").is_some(), "{pane}");
+    tmux.keys(&["q"]);
+    let pane = tmux.wait_for("top's exit", |p| p.contains("TTY:"), Duration::from_secs(5));
+    assert!(
+        pane.contains("TOP-EXIT=0") && pane.contains("TTY: icanon echo"),
+        "{pane}"
+    );
+    let events = agent.events();
+    // What the pane showed is what the agent decided.
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "decision" && e["service"] == "backup" && e["knob"] == "wbps"));
+    assert!(!socket.exists(), "the agent removes its socket");
+}
+
+#[test]
+fn top_says_what_is_wrong_on_stderr_before_drawing() {
+    require_root();
+    require_tool("tmux");
+    let scratch = Scratch::new();
+    let top = |socket: &std::path::Path| {
+        let out = Command::new(isolator_bin())
+            .args(["top", "--socket", socket.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Not a terminal: a message, not escape codes.
+    let (code, err) = top(&scratch.path("none.sock"));
+    assert_eq!(code, Some(1));
+    assert!(
+        err.starts_with("error: isolator top draws on a terminal"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // In a terminal: a root-only socket for a user, and an agent of another schema.
+    let mut agent = Agent::start(&["--socket", scratch.path("a.sock").to_str().unwrap()]);
+    let nobody = Tmux::start(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups {} top --socket {}",
+        isolator_bin().display(),
+        scratch.path("a.sock").display()
+    ));
+    // The message is one line; the pane wraps it.
+    let pane = nobody
+        .wait_for(
+            "the exit",
+            |p| p.contains("TOP-EXIT="),
+            Duration::from_secs(10),
+        )
+        .replace('\n', "");
+    assert!(
+        pane.contains("permission denied; the agent's event socket is root-only"),
+        "{pane}"
+    );
+    assert!(pane.contains("TOP-EXIT=1"), "{pane}");
+    agent.stop();
+
+    let fake = scratch.path("future.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&fake).unwrap();
+    let server = std::thread::spawn(move || {
+        use std::io::Write;
+        let (mut c, _) = listener.accept().unwrap();
+        c.write_all(b"{\"schema\":2,\"type\":\"agent_start\"}\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let future = Tmux::start(&format!(
+        "{} top --socket {}",
+        isolator_bin().display(),
+        fake.display()
+    ));
+    let pane = future
+        .wait_for(
+            "the exit",
+            |p| p.contains("TOP-EXIT="),
+            Duration::from_secs(10),
+        )
+        .replace('\n', "");
+    assert!(pane.contains("the agent speaks event schema 2"), "{pane}");
+    assert!(pane.contains("TOP-EXIT=1"), "{pane}");
+    server.join().unwrap();
+}
+
+#[test]
+fn without_an_agent_top_collects_itself_and_sigterm_restores_the_terminal() {
+    require_root();
+    require_tool("tmux");
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("top.pid");
+    let tmux = Tmux::start(&format!(
+        "sh -c 'echo $$ > {}; exec {} top --socket {}'",
+        pid_file.display(),
+        isolator_bin().display(),
+        scratch.path("no-agent.sock").display()
+    ));
+    // Its own collector sees I/O done now.
+    make_file(&scratch.path("f.dat"), 64 << 20);
+    let pane = tmux.wait_for(
+        "the own collector's view",
+        |p| p.contains("own collector, observe only") && p.contains("unconf"),
+        Duration::from_secs(20),
+    );
+    assert!(pane.contains("policy observe only"), "{pane}");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: plain kill(2) on the process the pane runs.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let pane = tmux.wait_for(
+        "top's exit",
+        |p| p.contains("TTY:"),
+        Duration::from_secs(10),
+    );
+    assert!(
+        pane.contains("TOP-EXIT=0") && pane.contains("TTY: icanon echo"),
+        "{pane}"
+    );
+    assert!(
+        !pane.contains("isolator top  "),
+        "the view is gone from the screen:\n{pane}"
+    );
+}
