@@ -148,6 +148,32 @@ fn top_in_a_terminal_follows_a_live_agent_through_the_noisy_neighbor() {
             "{pane}"
         );
 
+        // Resizing redraws: at 80 columns the lesser columns give way, wider they are back.
+        let header = |p: &str| {
+            p.lines()
+                .find(|l| l.starts_with("NAME"))
+                .unwrap_or("")
+                .to_string()
+        };
+        assert!(header(&pane).contains("P50"), "{pane}");
+        tmux.tmux(&["resize-window", "-t", "top", "-x", "80", "-y", "24"]);
+        let pane = tmux.wait_for(
+            "the 80-column table",
+            |p| header(p).contains("STATE") && !header(p).contains("P50"),
+            Duration::from_secs(5),
+        );
+        assert!(pane.lines().all(|l| l.chars().count() <= 80), "{pane}");
+        assert!(
+            row(&pane, "db").is_some() && row(&pane, "backup").is_some(),
+            "{pane}"
+        );
+        tmux.tmux(&["resize-window", "-t", "top", "-x", "100", "-y", "30"]);
+        tmux.wait_for(
+            "the wider table",
+            |p| header(p).contains("P50"),
+            Duration::from_secs(5),
+        );
+
         // Filter: only db is left.
         tmux.keys(&["/"]);
         tmux.type_text("db");
