@@ -104,6 +104,12 @@ impl App {
         self.selected = Some(rows[j].key.clone());
     }
 
+    /// Down the action log, never past its oldest action.
+    fn scroll_actions(&mut self, by: usize) {
+        let last = self.model().actions.len().saturating_sub(1);
+        self.actions_scroll = (self.actions_scroll + by).min(last);
+    }
+
     pub fn key(&mut self, k: KeyEvent) -> Flow {
         if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
             return Flow::Quit;
@@ -139,11 +145,11 @@ impl App {
             KeyCode::Up | KeyCode::Char('k') if scroll_actions => {
                 self.actions_scroll = self.actions_scroll.saturating_sub(1)
             }
-            KeyCode::Down | KeyCode::Char('j') if scroll_actions => self.actions_scroll += 1,
+            KeyCode::Down | KeyCode::Char('j') if scroll_actions => self.scroll_actions(1),
             KeyCode::PageUp if scroll_actions => {
                 self.actions_scroll = self.actions_scroll.saturating_sub(10)
             }
-            KeyCode::PageDown if scroll_actions => self.actions_scroll += 10,
+            KeyCode::PageDown if scroll_actions => self.scroll_actions(10),
             KeyCode::Up | KeyCode::Char('k') => self.move_selection(-1),
             KeyCode::Down | KeyCode::Char('j') => self.move_selection(1),
             KeyCode::PageUp => self.move_selection(-10),
@@ -252,6 +258,10 @@ mod tests {
         assert_eq!(app.pane, Pane::Actions);
         press(&mut app, KeyCode::Down);
         assert_eq!(app.actions_scroll, 1);
+        for _ in 0..5 {
+            press(&mut app, KeyCode::PageDown);
+        }
+        assert_eq!(app.actions_scroll, app.model().actions.len() - 1);
         press(&mut app, KeyCode::Char('a'));
         assert_eq!(app.pane, Pane::Table);
         press(&mut app, KeyCode::Char('h'));
