@@ -100,7 +100,16 @@ fn qd1_randread_percentiles_match_fio() {
         // A few completions can be lost to the kernel's BPF recursion guard (reported as
         // missed_events); a few extra reads may come from fio itself.
         ios + ios / 1000 >= fio_ios && ios <= fio_ios + fio_ios / 100,
-        "agent counted {ios} reads, fio {fio_ios}: not the same I/Os"
+        "agent counted {ios} reads, fio {fio_ios}: not the same I/Os; the agent's loss counters at the end: {}",
+        events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "cycle_end")
+            .map(|e| format!(
+                "map_full {} unsampled_requests {} missed_events {} preexisting_completions {}",
+                e["map_full"], e["unsampled_requests"], e["missed_events"], e["preexisting_completions"]
+            ))
+            .unwrap_or_default()
     );
     for (name, agent_v, fio_v) in [("p50", p50, fio_p50), ("p99", p99, fio_p99)] {
         assert!(
