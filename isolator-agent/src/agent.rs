@@ -65,6 +65,18 @@ pub struct RunOptions {
     pub socket: PathBuf,
 }
 
+impl RunOptions {
+    /// `isolator run` without arguments: every default as its flags declare it.
+    pub fn defaults() -> Result<RunOptions> {
+        use clap::{Args, FromArgMatches};
+        let cmd = RunOptions::augment_args(clap::Command::new("run"));
+        let matches = cmd
+            .try_get_matches_from(["run"])
+            .context("the defaults of 'isolator run'")?;
+        Ok(RunOptions::from_arg_matches(&matches)?)
+    }
+}
+
 fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
@@ -438,14 +450,19 @@ impl Agent {
             }
         }
 
+        // Each disk with a key in the maps, sampled once: for the controller and cycle_end.
+        let devs: BTreeSet<u32> = snap.deltas.iter().map(|d| d.key.dev).collect();
+        let busy: BTreeMap<u32, f64> = devs
+            .into_iter()
+            .map(|dev| (dev, self.busy.utilization(dev, snap.cycle, interval_s)))
+            .collect();
         if let Some(c) = self.control.as_mut() {
             let registry = &self.registry;
-            let busy = &mut self.busy;
             let cycles = c.device_cycles(
                 &snap,
                 &|id| registry.path(id),
                 &registry.containers,
-                &mut |dev| busy.utilization(dev, snap.cycle, interval_s),
+                &|dev| busy.get(&dev).copied().unwrap_or(0.0),
             );
             let disks = &mut self.disks;
             let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
@@ -456,13 +473,12 @@ impl Agent {
             }
         }
 
-        let devs: BTreeSet<u32> = snap.deltas.iter().map(|d| d.key.dev).collect();
-        let disks = devs
+        let disks = busy
             .into_iter()
-            .map(|dev| DiskCycle {
+            .map(|(dev, utilization)| DiskCycle {
                 dev: format!("{}:{}", dev_major(dev), dev_minor(dev)),
                 disk: self.disks.name(dev),
-                utilization: self.busy.utilization(dev, snap.cycle, interval_s),
+                utilization,
             })
             .collect();
         let programs = self.probe.program_stats();
@@ -610,6 +626,15 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_are_the_flags_defaults() {
+        let d = RunOptions::defaults().unwrap();
+        assert_eq!(d.interval, Duration::from_secs(1));
+        assert_eq!(d.policy, "adaptive");
+        assert_eq!(d.socket, PathBuf::from(crate::stream::DEFAULT_SOCKET));
+        assert!(d.config.is_none() && !d.dry_run);
+    }
 
     #[test]
     fn interval_bounds() {

@@ -454,7 +454,7 @@ impl Controller {
         snap: &Snapshot,
         path_of: &dyn Fn(u64) -> Option<String>,
         containers: &ContainerTable,
-        utilization: &mut dyn FnMut(u32) -> f64,
+        utilization: &dyn Fn(u32) -> f64,
     ) -> Vec<DeviceCycle> {
         #[derive(Default)]
         struct Acc {
@@ -541,8 +541,7 @@ impl Controller {
                 peak_inflight: a.peak,
                 limit: st.limit,
                 changed_cycle: st.changed_cycle,
-                p50_ns: percentile(&sparse, samples, 0.50),
-                latency_log2: crate::metrics::log2_histogram(&sparse),
+                latency_hist: sparse,
                 cgroup_ids: a.cgroups.into_iter().collect(),
             });
         }
@@ -624,10 +623,10 @@ impl Controller {
             dev: dev.to_string(),
             disk,
             state: state.into(),
-            p50_ns: s.p50_ns,
+            p50_ns: percentile(&s.latency_hist, s.samples, 0.50),
             p999_ns: s.p999_ns,
             samples: s.samples,
-            latency_log2: s.latency_log2.clone(),
+            latency_log2: crate::metrics::log2_histogram(&s.latency_hist),
             cgroups: s.cgroup_ids.clone(),
             mean_latency_ns: s.mean_latency_ns.map(|v| v as u64),
             read_mbps: s.read_bps / 1e6,

@@ -26,19 +26,14 @@ impl DiskNames {
 /// cycle the disk had requests in flight.
 #[derive(Default)]
 pub struct DiskBusy {
-    /// dev -> (io_ticks at the last sample, cycle of that sample, utilization then).
-    last: HashMap<u32, (u64, u64, f64)>,
+    /// dev -> (io_ticks at the last sample, cycle of that sample).
+    last: HashMap<u32, (u64, u64)>,
 }
 
 impl DiskBusy {
-    /// The disk's utilization over `cycle` (0 on its first sample). Asked twice in one
-    /// cycle, it answers the same: the controller and the cycle record share it.
+    /// The disk's utilization over `cycle` (0 on its first sample); asked once per disk
+    /// and cycle.
     pub fn utilization(&mut self, dev: u32, cycle: u64, interval_s: f64) -> f64 {
-        if let Some(&(_, c, u)) = self.last.get(&dev) {
-            if c == cycle {
-                return u;
-            }
-        }
         let path = format!("/sys/dev/block/{}:{}/stat", dev_major(dev), dev_minor(dev));
         let Some(ticks) = std::fs::read_to_string(path).ok().and_then(|t| {
             t.split_whitespace()
@@ -47,15 +42,13 @@ impl DiskBusy {
         }) else {
             return 0.0;
         };
-        let util = match self.last.get(&dev) {
-            // A sample that skipped cycles covers them all; the clamp keeps it a fraction.
-            Some(&(p, c, _)) if interval_s > 0.0 => {
+        match self.last.insert(dev, (ticks, cycle)) {
+            // A disk idle for some cycles was not sampled: its ticks span them all.
+            Some((p, c)) if interval_s > 0.0 => {
                 let cycles = cycle.saturating_sub(c).max(1) as f64;
                 (ticks.saturating_sub(p) as f64 / 1000.0 / (interval_s * cycles)).min(1.0)
             }
             _ => 0.0,
-        };
-        self.last.insert(dev, (ticks, cycle, util));
-        util
+        }
     }
 }

@@ -15,6 +15,7 @@ use crate::{
     docker::ContainerTable,
     metrics::OpStats,
     naming::{self, QosClass, Runtime, ServiceKind},
+    stream::{ReplayRole, StreamServer},
 };
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -246,23 +247,13 @@ pub enum Event {
 }
 
 impl Event {
-    /// The `type` field this event is serialized with.
-    pub fn type_name(&self) -> &'static str {
+    /// What the event is to a new reader of the event socket.
+    fn replay_role(&self) -> ReplayRole {
         match self {
-            Event::AgentStart { .. } => "agent_start",
-            Event::CgroupStats { .. } => "cgroup_stats",
-            Event::CgroupGone { .. } => "cgroup_gone",
-            Event::CycleEnd { .. } => "cycle_end",
-            Event::ServiceStats { .. } => "service_stats",
-            Event::Decision { .. } => "decision",
-            Event::ViolationStart(_) => "violation_start",
-            Event::ViolationEnd(_) => "violation_end",
-            Event::Restore { .. } => "restore",
-            Event::Warning { .. } => "warning",
-            Event::Error { .. } => "error",
-            Event::AgentStop { .. } => "agent_stop",
-            Event::DockerConnected { .. } => "docker_connected",
-            Event::LabelSlo(_) => "label_slo",
+            Event::AgentStart { .. } => ReplayRole::Start,
+            Event::CgroupStats { .. } | Event::ServiceStats { .. } => ReplayRole::CycleRecord,
+            Event::CycleEnd { .. } => ReplayRole::CycleEnd,
+            _ => ReplayRole::Action,
         }
     }
 
@@ -298,7 +289,7 @@ pub struct DiskCycle {
 /// Writes events as NDJSON, and to the readers of the event socket when one is served.
 pub struct NdjsonSink {
     out: Box<dyn Write + Send>,
-    socket: Option<crate::stream::StreamServer>,
+    socket: Option<StreamServer>,
 }
 
 impl NdjsonSink {
@@ -311,12 +302,12 @@ impl NdjsonSink {
     }
 
     /// The event socket, for a stopping agent to drain.
-    pub fn take_socket(&mut self) -> Option<crate::stream::StreamServer> {
+    pub fn take_socket(&mut self) -> Option<StreamServer> {
         self.socket.take()
     }
 
     /// Also serve every event on the socket from now on.
-    pub fn serve(&mut self, socket: crate::stream::StreamServer) {
+    pub fn serve(&mut self, socket: StreamServer) {
         self.socket = Some(socket);
     }
 
@@ -335,7 +326,7 @@ impl NdjsonSink {
         self.out.write_all(line.as_bytes())?;
         self.out.write_all(b"\n")?;
         if let Some(s) = &self.socket {
-            s.publish(event.type_name(), line.into());
+            s.publish(event.replay_role(), line.into());
         }
         Ok(())
     }

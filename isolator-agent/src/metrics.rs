@@ -221,25 +221,20 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    use isolator_common::latency_bucket;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
     #[test]
     fn log2_histogram_folds_buckets_by_power_of_two() {
-        use isolator_common::latency_bucket;
-        let mut fine: Vec<(u16, u64)> = Vec::new();
-        for (ns, n) in [(900u64, 2u64), (1500, 3), (1900, 1), (70_000, 4)] {
-            let idx = latency_bucket(ns) as u16;
-            match fine.last_mut() {
-                Some((i, c)) if *i == idx => *c += n,
-                _ => fine.push((idx, n)),
-            }
-        }
+        let fine = hist_of(&[
+            900, 900, 1500, 1500, 1500, 1900, 70_000, 70_000, 70_000, 70_000,
+        ]);
         assert_eq!(
             log2_histogram(&fine),
             vec![(1024, 2), (2048, 4), (131072, 4)]
         );
         assert!(log2_histogram(&[]).is_empty());
     }
-    use isolator_common::latency_bucket;
-    use rand::{rngs::StdRng, Rng, SeedableRng};
 
     fn hist_of(samples: &[u64]) -> Vec<(u16, u64)> {
         let mut acc = vec![0u64; isolator_common::HIST_BUCKETS];

@@ -32,6 +32,19 @@ pub enum StreamError {
     Io(String, io::Error),
 }
 
+/// What an event is to a new reader's replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayRole {
+    /// agent_start: replayed first; a new one starts the action history anew.
+    Start,
+    /// cgroup_stats, service_stats: part of the cycle being written.
+    CycleRecord,
+    /// cycle_end: closes the cycle, which becomes the one replayed.
+    CycleEnd,
+    /// Anything else (decisions, violations, restores, warnings...): the recent ones.
+    Action,
+}
+
 #[derive(Default)]
 struct Replay {
     start: Option<Arc<str>>,
@@ -42,18 +55,18 @@ struct Replay {
 }
 
 impl Replay {
-    fn record(&mut self, event_type: &str, line: &Arc<str>) {
-        match event_type {
-            "agent_start" => {
+    fn record(&mut self, role: ReplayRole, line: &Arc<str>) {
+        match role {
+            ReplayRole::Start => {
                 self.start = Some(line.clone());
                 self.actions.clear();
             }
-            "cgroup_stats" | "service_stats" => self.cycle.push(line.clone()),
-            "cycle_end" => {
+            ReplayRole::CycleRecord => self.cycle.push(line.clone()),
+            ReplayRole::CycleEnd => {
                 self.cycle.push(line.clone());
                 self.last_cycle = std::mem::take(&mut self.cycle);
             }
-            _ => {
+            ReplayRole::Action => {
                 if self.actions.len() == REPLAY_ACTIONS {
                     self.actions.pop_front();
                 }
@@ -129,17 +142,13 @@ impl StreamServer {
     }
 
     /// One serialized event (without its newline) to every reader.
-    pub fn publish(&self, event_type: &str, line: Arc<str>) {
+    pub fn publish(&self, role: ReplayRole, line: Arc<str>) {
         // Recorded and sent under one lock, so a reader joining now gets it exactly once.
         let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        shared.replay.record(event_type, &line);
+        shared.replay.record(role, &line);
         if let Some(tx) = &shared.tx {
             let _ = tx.send(line);
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Stops accepting, lets every reader take what was published (the restores and
@@ -220,16 +229,16 @@ mod tests {
     fn replay_is_start_last_cycle_and_recent_actions() {
         let mut r = Replay::default();
         let l = |s: &str| -> Arc<str> { Arc::from(s) };
-        r.record("agent_start", &l("start"));
-        r.record("cgroup_stats", &l("c1"));
-        r.record("cycle_end", &l("end1"));
-        r.record("decision", &l("d1"));
-        r.record("cgroup_stats", &l("c2"));
+        r.record(ReplayRole::Start, &l("start"));
+        r.record(ReplayRole::CycleRecord, &l("c1"));
+        r.record(ReplayRole::CycleEnd, &l("end1"));
+        r.record(ReplayRole::Action, &l("d1"));
+        r.record(ReplayRole::CycleRecord, &l("c2"));
         // Cycle 2 is not complete yet: the replay has cycle 1.
         let got: Vec<String> = r.lines().iter().map(|s| s.to_string()).collect();
         assert_eq!(got, ["start", "c1", "end1", "d1"]);
         for i in 0..REPLAY_ACTIONS + 5 {
-            r.record("warning", &l(&format!("w{i}")));
+            r.record(ReplayRole::Action, &l(&format!("w{i}")));
         }
         assert_eq!(r.lines().len(), 3 + REPLAY_ACTIONS);
     }
@@ -246,7 +255,7 @@ mod tests {
             StreamServer::bind(&path),
             Err(StreamError::InUse(_))
         ));
-        server.publish("agent_start", Arc::from("{\"type\":\"agent_start\"}"));
+        server.publish(ReplayRole::Start, Arc::from("{\"type\":\"agent_start\"}"));
         let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
         let mut lines = BufReader::new(stream).lines();
         assert_eq!(
@@ -254,10 +263,10 @@ mod tests {
             "{\"type\":\"agent_start\"}"
         );
         // The reader subscribed before its replay was written: nothing falls between.
-        server.publish("decision", Arc::from("live"));
+        server.publish(ReplayRole::Action, Arc::from("live"));
         assert_eq!(lines.next_line().await.unwrap().unwrap(), "live");
         // A stopping agent's last events reach the reader before the stream ends.
-        server.publish("agent_stop", Arc::from("stop"));
+        server.publish(ReplayRole::Action, Arc::from("stop"));
         server.shutdown().await;
         assert_eq!(lines.next_line().await.unwrap().unwrap(), "stop");
         assert_eq!(lines.next_line().await.unwrap(), None);

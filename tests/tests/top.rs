@@ -56,6 +56,16 @@ impl Tmux {
         self.tmux(&["send-keys", "-t", "top", "-l", text]);
     }
 
+    /// The pane once the command has ended, its lines joined (a one-line message wraps).
+    fn ended(&self) -> String {
+        self.wait_for(
+            "the exit",
+            |p| p.contains("TOP-EXIT="),
+            Duration::from_secs(10),
+        )
+        .replace('\n', "")
+    }
+
     /// The pane once `pred` holds on it; panics with the pane after `timeout`.
     fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
@@ -266,14 +276,7 @@ fn top_says_what_is_wrong_on_stderr_before_drawing() {
         isolator_bin().display(),
         scratch.path("a.sock").display()
     ));
-    // The message is one line; the pane wraps it.
-    let pane = nobody
-        .wait_for(
-            "the exit",
-            |p| p.contains("TOP-EXIT="),
-            Duration::from_secs(10),
-        )
-        .replace('\n', "");
+    let pane = nobody.ended();
     assert!(
         pane.contains("permission denied; the agent's event socket is root-only"),
         "{pane}"
@@ -295,13 +298,7 @@ fn top_says_what_is_wrong_on_stderr_before_drawing() {
         isolator_bin().display(),
         fake.display()
     ));
-    let pane = future
-        .wait_for(
-            "the exit",
-            |p| p.contains("TOP-EXIT="),
-            Duration::from_secs(10),
-        )
-        .replace('\n', "");
+    let pane = future.ended();
     assert!(pane.contains("the agent speaks event schema 2"), "{pane}");
     assert!(pane.contains("TOP-EXIT=1"), "{pane}");
     server.join().unwrap();

@@ -109,11 +109,9 @@ pub struct ServiceLoad {
     pub peak_inflight: u64,
     /// The limit in force during this cycle.
     pub limit: IoMaxLimit,
-    /// For the event stream only (no policy reads them): median latency, the latency
-    /// distribution in power-of-two buckets (upper bound ns, count), and the cgroups whose
-    /// I/O this is.
-    pub p50_ns: Option<u64>,
-    pub latency_log2: Vec<(u64, u64)>,
+    /// For the event stream only (no policy reads them): the latency histogram behind
+    /// `p999_ns` (sparse: bucket index, count) and the cgroups whose I/O this is.
+    pub latency_hist: Vec<(u16, u64)>,
     pub cgroup_ids: Vec<u64>,
     /// Cycle at whose end this service's limit on this device was last changed.
     pub changed_cycle: Option<u64>,

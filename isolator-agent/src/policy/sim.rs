@@ -187,8 +187,7 @@ impl SimDisk {
                 peak_inflight: l.inflight.ceil() as u64,
                 limit: s.limit,
                 changed_cycle: s.changed,
-                p50_ns: None,
-                latency_log2: vec![],
+                latency_hist: vec![],
                 cgroup_ids: vec![],
             });
         }

@@ -140,9 +140,8 @@ fn first_event(
             FIRST_EVENT_TIMEOUT.as_secs()
         )
     })?;
-    let mut probe = model::Model::default();
-    match probe.ingest_line(&line) {
-        Ok(()) => {}
+    match model::parse_event(&line) {
+        Ok(_) => {}
         Err(e @ StreamError::Schema(_)) => bail!("{e}"),
         Err(e) => bail!(
             "{} does not speak isolator events ({e}); check --socket",
@@ -265,15 +264,12 @@ impl OwnCollector {
     fn start(opts: &TopOptions, tx: Sender<Feed>) -> Result<OwnCollector> {
         let run = RunOptions {
             interval: opts.interval,
-            json: None,
             btf: opts.btf.clone(),
-            config: None,
-            policy: "adaptive".into(),
-            ute_threshold: 0.75,
-            dry_run: false,
-            journal_dir: crate::enforcer::DEFAULT_JOURNAL_DIR.into(),
             docker_socket: opts.docker_socket.clone(),
+            // Observe only, and its events are for this view alone.
+            config: None,
             socket: "off".into(),
+            ..RunOptions::defaults()?
         };
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

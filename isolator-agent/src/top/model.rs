@@ -143,24 +143,24 @@ pub struct OpLatency {
     pub max_ns: Option<u64>,
 }
 
-/// A row's last minutes, one point per cycle, oldest first.
-#[derive(Clone, Debug, Default)]
-pub struct History {
-    pub p999_ns: VecDeque<Option<u64>>,
-    pub mbps: VecDeque<f64>,
-    pub limit_bps: VecDeque<Option<u64>>,
+/// One cycle of a row's history.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    pub p999_ns: Option<u64>,
+    pub mbps: f64,
+    pub limit_bps: Option<u64>,
 }
 
+/// A row's last minutes, one point per cycle, oldest first.
+#[derive(Clone, Debug, Default)]
+pub struct History(pub VecDeque<Point>);
+
 impl History {
-    fn push(&mut self, p999_ns: Option<u64>, mbps: f64, limit_bps: Option<u64>) {
-        if self.mbps.len() == HISTORY {
-            self.p999_ns.pop_front();
-            self.mbps.pop_front();
-            self.limit_bps.pop_front();
+    fn push(&mut self, p: Point) {
+        if self.0.len() == HISTORY {
+            self.0.pop_front();
         }
-        self.p999_ns.push_back(p999_ns);
-        self.mbps.push_back(mbps);
-        self.limit_bps.push_back(limit_bps);
+        self.0.push_back(p);
     }
 }
 
@@ -395,6 +395,17 @@ fn str_at(v: &Value, key: &str) -> String {
         .to_string()
 }
 
+/// One NDJSON line as an event this view understands: JSON, with this schema.
+pub fn parse_event(line: &str) -> Result<Value, StreamError> {
+    let v: Value = serde_json::from_str(line)
+        .map_err(|e| StreamError::NotAnEvent(format!("{e}: {line:.80}")))?;
+    match u64_at(&v, "schema") {
+        Some(SCHEMA) => Ok(v),
+        Some(other) => Err(StreamError::Schema(other)),
+        None => Err(StreamError::NotAnEvent("no schema field".into())),
+    }
+}
+
 /// A limit as written to the cgroup file, in words: `max` (v2) and `0` (v1) are unlimited,
 /// bytes/s are MB/s.
 fn knob_value(knob: &str, value: &str) -> String {
@@ -422,17 +433,13 @@ pub fn latency_words(ns: u64) -> String {
 impl Model {
     /// Takes one NDJSON line from the agent.
     pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
-        let v: Value = serde_json::from_str(line)
-            .map_err(|e| StreamError::NotAnEvent(format!("{e}: {line:.80}")))?;
-        self.ingest(&v)
+        let v = parse_event(line)?;
+        self.ingest(&v);
+        Ok(())
     }
 
-    pub fn ingest(&mut self, v: &Value) -> Result<(), StreamError> {
-        let schema =
-            u64_at(v, "schema").ok_or_else(|| StreamError::NotAnEvent("no schema field".into()))?;
-        if schema != SCHEMA {
-            return Err(StreamError::Schema(schema));
-        }
+    /// Takes one event of this schema.
+    fn ingest(&mut self, v: &Value) {
         let ty = v.get("type").and_then(Value::as_str).unwrap_or_default();
         let time = v
             .get("ts")
@@ -606,7 +613,6 @@ impl Model {
             // Unknown types are a newer agent's additions within the schema: ignored.
             _ => {}
         }
-        Ok(())
     }
 
     fn push_action(&mut self, a: Action) {
@@ -720,7 +726,11 @@ impl Model {
             if !touched.contains(key) {
                 row.idle();
             }
-            row.history.push(row.p999_ns, row.mbps(), row.limit.bps());
+            row.history.push(Point {
+                p999_ns: row.p999_ns,
+                mbps: row.mbps(),
+                limit_bps: row.limit.bps(),
+            });
         }
         // Idle unconfigured cgroups leave after a grace; services stay once seen.
         self.rows.retain(|k, r| {
@@ -1080,7 +1090,10 @@ pub(crate) mod tests {
         let backup = m.row(&RowKey::Service("backup".into())).unwrap();
         assert_eq!(backup.state, State::Throttled);
         assert_eq!(backup.limit.wbps, Some(115_565_885));
-        assert_eq!(backup.history.limit_bps.back(), Some(&Some(115_565_885)));
+        assert_eq!(
+            backup.history.0.back().map(|p| p.limit_bps),
+            Some(Some(115_565_885))
+        );
         // Unclaimed cgroups are unconfigured rows: the root and the unattributed requests.
         let other: Vec<&Row> = m
             .rows()
@@ -1111,7 +1124,7 @@ pub(crate) mod tests {
             && a.text
                 .contains("rec-backup/blkio.throttle.write_bps_device")));
         let db = m.row(&RowKey::Service("db".into())).unwrap();
-        assert_eq!(db.history.p999_ns.len() as u64, m.cycle - 1);
+        assert_eq!(db.history.0.len() as u64, m.cycle - 1);
     }
 
     #[test]
@@ -1127,34 +1140,21 @@ pub(crate) mod tests {
         let rows = m.visible(Column::State, false, "");
         assert_eq!(names(&rows)[..2], ["db", "backup"]);
         assert!(rows[2..].iter().all(|r| r.state == State::Unconfigured));
-        assert_eq!(
-            services(m.visible(Column::Write, false, "")),
-            ["backup", "db"]
-        );
-        assert_eq!(
-            services(m.visible(Column::Name, false, "")),
-            ["backup", "db"]
-        );
-        assert_eq!(
-            services(m.visible(Column::Name, true, "")),
-            ["db", "backup"]
-        );
-        assert_eq!(
-            services(m.visible(Column::P999, false, "")),
-            ["backup", "db"]
-        );
-        assert_eq!(
-            services(m.visible(Column::Vio, false, "")),
-            ["db", "backup"]
-        );
-        assert_eq!(
-            services(m.visible(Column::Limit, false, "")),
-            ["backup", "db"]
-        );
-        assert_eq!(
-            services(m.visible(Column::Samples, false, "")),
-            ["db", "backup"]
-        );
+        for (column, reverse, order) in [
+            (Column::Write, false, ["backup", "db"]),
+            (Column::Name, false, ["backup", "db"]),
+            (Column::Name, true, ["db", "backup"]),
+            (Column::P999, false, ["backup", "db"]),
+            (Column::Vio, false, ["db", "backup"]),
+            (Column::Limit, false, ["backup", "db"]),
+            (Column::Samples, false, ["db", "backup"]),
+        ] {
+            assert_eq!(
+                services(m.visible(column, reverse, "")),
+                order,
+                "{column:?} reverse {reverse}"
+            );
+        }
         // Every column sorts without losing rows.
         for c in Column::ALL {
             assert_eq!(m.visible(c, false, "").len(), m.rows().count(), "{c:?}");

@@ -441,26 +441,14 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
     );
 
     // Right: the last minutes as sparklines.
-    let h = &row.history;
+    // The newest points that fit the width, scaled to integers for the sparkline.
     let width = right.width.saturating_sub(1) as usize;
-    let tail = |n: usize| n.saturating_sub(width);
-    let p999: Vec<u64> = h
-        .p999_ns
-        .iter()
-        .skip(tail(h.p999_ns.len()))
-        .map(|v| v.unwrap_or(0) / 1000)
-        .collect();
-    let mb: Vec<u64> = h
-        .mbps
-        .iter()
-        .skip(tail(h.mbps.len()))
-        .map(|v| (v * 10.0) as u64)
-        .collect();
-    let limit: Vec<u64> = h
-        .limit_bps
-        .iter()
-        .skip(tail(h.limit_bps.len()))
-        .map(|v| v.unwrap_or(0) / 100_000)
+    let points = &row.history.0;
+    let recent = || points.iter().skip(points.len().saturating_sub(width));
+    let p999: Vec<u64> = recent().map(|p| p.p999_ns.unwrap_or(0) / 1000).collect();
+    let mb: Vec<u64> = recent().map(|p| (p.mbps * 10.0) as u64).collect();
+    let limit: Vec<u64> = recent()
+        .map(|p| p.limit_bps.unwrap_or(0) / 100_000)
         .collect();
     let span = |n: usize| {
         let secs = n as f64 * model.header.as_ref().map_or(1.0, |h| h.interval_s);
