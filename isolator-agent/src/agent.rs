@@ -414,7 +414,7 @@ impl Agent {
             self.sink.emit(&Event::Warning {
                 code: "inflight_reset".into(),
                 message: format!(
-                    "cleared {count} request(s) counted in flight for cgroup {} ({}) on {}:{}: no issue or completion for 30 s, so their completions were not seen",
+                    "{count} request(s) counted in flight for cgroup {} ({}) on {}:{} taken for completed unseen: no issue or completion for 30 s (the disk's own statistics could not tell sooner)",
                     cgroup.path.as_deref().unwrap_or("?"),
                     key.cgroup_id,
                     dev_major(key.dev),
@@ -491,6 +491,7 @@ impl Agent {
             map_full: snap.map_full,
             unsampled_requests: snap.unsampled,
             missed_events: programs.iter().map(|p| p.recursion_misses).sum(),
+            untraced_completions: snap.untraced_completions,
             issue_map_timing: snap.issue_map_timing,
             insert_attached: self.probe.insert_attached(),
             collect_us: started.elapsed().as_micros() as u64,

@@ -22,8 +22,51 @@ impl DiskNames {
     }
 }
 
-/// Per-disk busy time from /sys/dev/block/M:m/stat (io_ticks, ms), as the fraction of a
-/// cycle the disk had requests in flight.
+/// One read of a disk's /sys/dev/block/M:m/stat (Documentation/block/stat.rst).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskStat {
+    /// Completed requests: reads, writes, discards, flushes (the last two are absent on
+    /// kernels before 4.18 and 5.5: 0).
+    pub completed: [u64; 4],
+    /// Requests the kernel counts in flight (started, not yet accounted done).
+    pub in_flight: u64,
+    /// Milliseconds with requests in flight.
+    pub io_ticks_ms: u64,
+}
+
+impl DiskStat {
+    pub fn read(dev: u32) -> Option<DiskStat> {
+        let path = format!("/sys/dev/block/{}:{}/stat", dev_major(dev), dev_minor(dev));
+        DiskStat::parse(&std::fs::read_to_string(path).ok()?)
+    }
+
+    fn parse(text: &str) -> Option<DiskStat> {
+        let f: Vec<u64> = text
+            .split_whitespace()
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        (f.len() >= 11).then(|| DiskStat {
+            completed: [at(0), at(4), at(11), at(15)],
+            in_flight: at(8),
+            io_ticks_ms: at(9),
+        })
+    }
+
+    /// Whether the kernel counts the disk's requests in this file at all
+    /// (queue/iostats; the block layer skips accounting when it is 0).
+    pub fn accounted(dev: u32) -> bool {
+        let path = format!(
+            "/sys/dev/block/{}:{}/queue/iostats",
+            dev_major(dev),
+            dev_minor(dev)
+        );
+        std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1")
+    }
+}
+
+/// Per-disk busy time from the disk's stat (io_ticks), as the fraction of a cycle the disk
+/// had requests in flight.
 #[derive(Default)]
 pub struct DiskBusy {
     /// dev -> (io_ticks at the last sample, cycle of that sample).
@@ -34,12 +77,7 @@ impl DiskBusy {
     /// The disk's utilization over `cycle` (0 on its first sample); asked once per disk
     /// and cycle.
     pub fn utilization(&mut self, dev: u32, cycle: u64, interval_s: f64) -> f64 {
-        let path = format!("/sys/dev/block/{}:{}/stat", dev_major(dev), dev_minor(dev));
-        let Some(ticks) = std::fs::read_to_string(path).ok().and_then(|t| {
-            t.split_whitespace()
-                .nth(9)
-                .and_then(|v| v.parse::<u64>().ok())
-        }) else {
+        let Some(ticks) = DiskStat::read(dev).map(|s| s.io_ticks_ms) else {
             return 0.0;
         };
         match self.last.insert(dev, (ticks, cycle)) {
@@ -50,5 +88,26 @@ impl DiskBusy {
             }
             _ => 0.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DiskStat;
+
+    #[test]
+    fn stat_fields_by_kernel_generation() {
+        // 6.x: 17 fields.
+        let s = DiskStat::parse(
+            "  14379  0 14721024  6794  12  3  120  40  1  7210  6834  5  0  80  2  9  4\n",
+        )
+        .unwrap();
+        assert_eq!(s.completed, [14379, 12, 5, 9]);
+        assert_eq!((s.in_flight, s.io_ticks_ms), (1, 7210));
+        // 4.x before discard fields: 11.
+        let s = DiskStat::parse("1 0 8 0 2 0 16 0 0 3 0").unwrap();
+        assert_eq!(s.completed, [1, 2, 0, 0]);
+        assert!(DiskStat::parse("1 2 3").is_none());
+        assert!(DiskStat::parse("1 x 3 4 5 6 7 8 9 10 11").is_none());
     }
 }

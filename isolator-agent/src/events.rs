@@ -164,6 +164,7 @@ pub enum Event {
         map_full: u64,
         unsampled_requests: u64,
         missed_events: u64,
+        untraced_completions: u64,
         issue_map_timing: bool,
         insert_attached: bool,
         collect_us: u64,

@@ -159,6 +159,9 @@ pub struct OpStats {
     /// Request start to completion: queueing plus device, what the submitter waits.
     pub total: LatencySummary,
     pub inflight: Inflight,
+    /// Requests counted in flight that were found completed without the programs seeing
+    /// the completion (not in `ios`, `bytes` or the latency histograms).
+    pub untraced_completions: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -209,6 +212,7 @@ impl Metrics {
                 peak: d.inflight_peak,
                 mean: d.lat_sum_ns as f64 / interval_ns as f64,
             },
+            untraced_completions: d.untraced_completions,
         })
     }
 

@@ -18,10 +18,20 @@
 //!   registered buffers are pinned once. fio's io_uring `clat` starts only after the
 //!   submission returns, when the request is already on the device, so the comparison is
 //!   with fio's total latency per I/O (`lat`, submission to completion), the psync
-//!   completion latency's equivalent (measured numbers are in BENCHMARKS.md).
+//!   completion latency's equivalent (measured numbers are in BENCHMARKS.md);
+//! - fio polls for its completion (`--iodepth_batch_complete_min=0`) instead of sleeping in
+//!   the kernel until it is woken: on a busy or overcommitted VM the wake-up added 200-900 us
+//!   to fio's p99 and none to the device's (p99 16-28 % apart, p50 5-9 %); polling, fio's
+//!   p50 and p99 came within 0-5 % of the device's.
 //!
 //! Both sides report bucketed percentiles (ours 1/64, fio 1/64 relative resolution), so
 //! "never above" is checked to within that resolution.
+//!
+//! Every fio read must be accounted for: completed with a latency sample, or one of the
+//! few this kernel completes without running the completion program (found by the agent
+//! in the cycle after fio's, once the disk is quiet, as `untraced_completions`). The
+//! untraced may not be more than 1 % of the reads, so the percentiles describe at least
+//! 99 % of fio's I/Os.
 
 use std::process::Command;
 
@@ -41,7 +51,7 @@ fn qd1_randread_percentiles_match_fio() {
     let fio = |runtime: u32, output: &std::path::Path| {
         let script = format!(
             "echo $$ > {}/cgroup.procs && exec fio --name=qd1 --filename={} --rw=randread \
-             --bs=512k --direct=1 --ioengine=io_uring --fixedbufs --registerfiles --iodepth=1 --time_based --runtime={runtime} \
+             --bs=512k --direct=1 --ioengine=io_uring --fixedbufs --registerfiles --iodepth=1 --iodepth_batch_complete_min=0 --time_based --runtime={runtime} \
              --size=1g --thread --disk_util=0 --lat_percentiles=1 --clat_percentiles=0 --percentile_list=50:99 --output-format=json \
              --output={}",
             cg.dir.display(),
@@ -55,7 +65,8 @@ fn qd1_randread_percentiles_match_fio() {
     let agent = Agent::start(&["--interval", "10s"]);
     let out_json = scratch.path("fio.json");
     fio(7, &out_json);
-    agent.wait_cycles(1);
+    // fio's cycle, then an idle one in which untraced completions are found.
+    agent.wait_cycles(2);
     let events = agent.events();
 
     let fio: serde_json::Value =
@@ -67,7 +78,7 @@ fn qd1_randread_percentiles_match_fio() {
     let fio_ios = read["total_ios"].as_u64().unwrap();
 
     let dev = lo.dev();
-    let cycles: Vec<&serde_json::Value> = events
+    let reads: Vec<&serde_json::Value> = events
         .iter()
         .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["id"].as_u64() == Some(cg.id()))
         .filter_map(|e| {
@@ -77,6 +88,14 @@ fn qd1_randread_percentiles_match_fio() {
                 .find(|d| d["dev"] == dev.as_str())
                 .map(|d| &d["read"])
         })
+        .collect();
+    let untraced: u64 = reads
+        .iter()
+        .map(|r| r["untraced_completions"].as_u64().unwrap())
+        .sum();
+    let cycles: Vec<&&serde_json::Value> = reads
+        .iter()
+        .filter(|r| r["ios"].as_u64() != Some(0))
         .collect();
     assert_eq!(
         cycles.len(),
@@ -94,13 +113,12 @@ fn qd1_randread_percentiles_match_fio() {
     let p50 = lat["p50_ns"].as_f64().unwrap();
     let p99 = lat["p99_ns"].as_f64().unwrap();
     eprintln!(
-        "fio: {fio_ios} ios lat p50 {fio_p50} p99 {fio_p99}; agent: {ios} ios device p50 {p50} p99 {p99}"
+        "fio: {fio_ios} ios lat p50 {fio_p50} p99 {fio_p99}; agent: {ios} ios + {untraced} untraced, device p50 {p50} p99 {p99}"
     );
     assert!(
-        // A few completions can be lost to the kernel's BPF recursion guard (reported as
-        // missed_events); a few extra reads may come from fio itself.
-        ios + ios / 1000 >= fio_ios && ios <= fio_ios + fio_ios / 100,
-        "agent counted {ios} reads, fio {fio_ios}: not the same I/Os; the agent's loss counters at the end: {}",
+        // A few extra reads may come from fio itself.
+        ios + untraced >= fio_ios && ios + untraced <= fio_ios + fio_ios / 100,
+        "agent counted {ios} reads and {untraced} untraced completions, fio {fio_ios}: not the same I/Os; the agent's loss counters at the end: {}",
         events
             .iter()
             .rev()
@@ -110,6 +128,10 @@ fn qd1_randread_percentiles_match_fio() {
                 e["map_full"], e["unsampled_requests"], e["missed_events"], e["preexisting_completions"]
             ))
             .unwrap_or_default()
+    );
+    assert!(
+        untraced <= fio_ios / 100,
+        "{untraced} of {fio_ios} reads completed without the completion program running"
     );
     for (name, agent_v, fio_v) in [("p50", p50, fio_p50), ("p99", p99, fio_p99)] {
         assert!(
