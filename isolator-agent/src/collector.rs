@@ -102,8 +102,8 @@ pub struct InflightEnd {
 
 /// In-flight bookkeeping on top of the programs' counters.
 ///
-/// On the test machine's 6.18 kernel, about 1 in 1-20k loop-device completions runs
-/// neither our `block_rq_complete` program nor bpftrace's, although the disk's own
+/// On the test machine's 6.18 kernel, about 1 in 1-20k completions (loop and virtio disks)
+/// runs neither our `block_rq_complete` program nor bpftrace's, although the disk's own
 /// statistics count the request done (no recursion miss, no requeue): the request stays in
 /// the kernel-side count for good. The agent never writes that count (a write would race
 /// with the programs); it keeps an offset per key of requests known to have completed
@@ -112,10 +112,13 @@ pub struct InflightEnd {
 /// A key's level is taken for completed unseen when the key had no issue and no
 /// completion for a whole cycle and its disk, per the kernel's diskstats, had nothing in
 /// flight and completed nothing while the key's count was re-read (the kernel counts a
-/// request in flight from before its issue to after its completion). Only reads and
-/// writes: flushes are not in the disk's in-flight count. Everything else, and disks
-/// without iostats, fall back to 30 s without an issue or completion (longer than the
-/// block layer's request timeout).
+/// request in flight from before its issue to after its completion; kernels that count by
+/// request state stop counting a few instructions before the completion tracepoint, so a
+/// request in flight for the whole idle cycle that completes right at the check is taken
+/// for unseen, and handed back by [`InflightLedger::level`] when its completion lands).
+/// Only reads and writes: flushes are not in the disk's in-flight count. Everything else,
+/// and disks without iostats, fall back to 30 s without an issue or completion (longer
+/// than the block layer's request timeout).
 #[derive(Debug, Default)]
 pub struct InflightLedger {
     /// Requests counted in flight but known completed, per key.
