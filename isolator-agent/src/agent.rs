@@ -332,7 +332,7 @@ impl Agent {
                 down_said: false,
             }),
             disks: DiskNames::default(),
-            busy: DiskBusy::default(),
+            busy: DiskBusy::at_start(),
             control,
             probe,
         })

@@ -491,10 +491,13 @@ impl Collector {
                 inflight_resets.push((d.key, end.untraced));
             }
             let now = end.level;
-            // Highest of: level carried in from the last cycle, level now, and the peak
+            // Highest of: level carried in from the last cycle (less what this cycle found
+            // had completed unseen before it began: only idle keys find any), level now,
+            // and the peak
             // the programs saw after this cycle's first issue (less what is known to have
             // completed unseen).
-            let mut peak = now.max(self.prev_inflight.get(&d.key).copied().unwrap_or(0));
+            let carried = self.prev_inflight.get(&d.key).copied().unwrap_or(0) - end.untraced;
+            let mut peak = now.max(carried);
             if v.epoch == epoch {
                 peak = peak.max(v.peak - (v.count - now - end.untraced));
             }

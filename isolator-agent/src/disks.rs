@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use isolator_common::{dev_major, dev_minor};
+use isolator_common::{dev_major, dev_minor, kernel_dev};
 
 /// Names disks by dev_t from /sys/dev/block.
 #[derive(Default)]
@@ -74,6 +74,25 @@ pub struct DiskBusy {
 }
 
 impl DiskBusy {
+    /// Baselines every disk in /sys/block at cycle 0, so a disk's first busy cycle has a
+    /// utilization (a disk first seen later reads 0 for its first cycle).
+    pub fn at_start() -> DiskBusy {
+        let mut busy = DiskBusy::default();
+        let disks = std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten();
+        for d in disks {
+            let dev = std::fs::read_to_string(d.path().join("dev"))
+                .ok()
+                .and_then(|t| parse_dev(&t));
+            if let Some((dev, stat)) = dev.and_then(|dev| Some((dev, DiskStat::read(dev)?))) {
+                busy.last.insert(dev, (stat.io_ticks_ms, 0));
+            }
+        }
+        busy
+    }
+
     /// The disk's utilization over `cycle` (0 on its first sample); asked once per disk
     /// and cycle.
     pub fn utilization(&mut self, dev: u32, cycle: u64, interval_s: f64) -> f64 {
@@ -91,9 +110,26 @@ impl DiskBusy {
     }
 }
 
+/// "MAJ:MIN" as in /sys/block/*/dev.
+fn parse_dev(text: &str) -> Option<u32> {
+    let (major, minor) = text.trim().split_once(':')?;
+    Some(kernel_dev(major.parse().ok()?, minor.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::DiskStat;
+    use super::{parse_dev, DiskStat};
+
+    #[test]
+    fn dev_numbers_from_sysfs() {
+        assert_eq!(
+            parse_dev("254:0\n"),
+            Some(isolator_common::kernel_dev(254, 0))
+        );
+        assert_eq!(parse_dev("7:3"), Some((7 << 20) | 3));
+        assert_eq!(parse_dev("7"), None);
+        assert_eq!(parse_dev("a:b"), None);
+    }
 
     #[test]
     fn stat_fields_by_kernel_generation() {
