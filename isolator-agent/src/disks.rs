@@ -83,10 +83,13 @@ impl DiskBusy {
             .flatten()
             .flatten();
         for d in disks {
-            let dev = std::fs::read_to_string(d.path().join("dev"))
+            let Some(dev) = std::fs::read_to_string(d.path().join("dev"))
                 .ok()
-                .and_then(|t| parse_dev(&t));
-            if let Some((dev, stat)) = dev.and_then(|dev| Some((dev, DiskStat::read(dev)?))) {
+                .and_then(|t| parse_dev(&t))
+            else {
+                continue;
+            };
+            if let Some(stat) = DiskStat::read(dev) {
                 busy.last.insert(dev, (stat.io_ticks_ms, 0));
             }
         }

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use isolator_common::{bucket_lower_ns, bucket_representative_ns, bucket_width_ns, IoKey};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::collector::{KeyDelta, SparseHist};
 
@@ -18,7 +18,8 @@ pub const MAX_WINDOW_NS: u64 = 60_000_000_000;
 
 /// Percentiles of one histogram window. A percentile is `None` when the window holds too
 /// few samples for it to differ from the maximum (p99 needs 100, p99.9 needs 1000).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LatencySummary {
     pub samples: u64,
     pub window_s: f64,

@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::{config::SloClass, metrics::LatencySummary};
 
 /// The event schema this view understands.
 pub const SCHEMA: u64 = 1;
@@ -49,32 +52,16 @@ impl State {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Slo {
-    Latency { p999_ns: u64 },
-    Throughput { rate_bps: u64 },
-    BestEffort,
-}
-
-impl Slo {
-    fn parse(v: &Value) -> Option<Slo> {
-        match v.get("class")?.as_str()? {
-            "latency" => Some(Slo::Latency {
-                p999_ns: v.get("p999_ns")?.as_u64()?,
-            }),
-            "throughput" => Some(Slo::Throughput {
-                rate_bps: v.get("rate_bps")?.as_u64()?,
-            }),
-            _ => Some(Slo::BestEffort),
-        }
-    }
-
-    pub fn class(&self) -> &'static str {
-        match self {
-            Slo::Latency { .. } => "latency",
-            Slo::Throughput { .. } => "throughput",
-            Slo::BestEffort => "best-effort",
-        }
+/// A service event's `slo` object (control::SloRef on the agent's side).
+fn parse_slo(v: &Value) -> Option<SloClass> {
+    match v.get("class")?.as_str()? {
+        "latency" => Some(SloClass::Latency {
+            p999_ns: v.get("p999_ns")?.as_u64()?,
+        }),
+        "throughput" => Some(SloClass::Throughput {
+            rate_bps: v.get("rate_bps")?.as_u64()?,
+        }),
+        _ => Some(SloClass::BestEffort),
     }
 }
 
@@ -136,11 +123,7 @@ pub enum RowKey {
 pub struct OpLatency {
     pub disk: String,
     pub op: String,
-    pub samples: u64,
-    pub p50_ns: Option<u64>,
-    pub p99_ns: Option<u64>,
-    pub p999_ns: Option<u64>,
-    pub max_ns: Option<u64>,
+    pub latency: LatencySummary,
 }
 
 /// One cycle of a row's history.
@@ -172,7 +155,7 @@ pub struct Row {
     /// `container`, `pod`, `unit`, `cgroup`; a service takes its cgroups' kind when they
     /// agree, else `service`.
     pub kind: String,
-    pub slo: Option<Slo>,
+    pub slo: Option<SloClass>,
     pub p50_ns: Option<u64>,
     pub p999_ns: Option<u64>,
     /// Requests behind `p999_ns`.
@@ -248,7 +231,7 @@ impl Row {
         hay(&self.name)
             || hay(&self.kind)
             || hay(self.state.label())
-            || self.slo.as_ref().is_some_and(|s| hay(s.class()))
+            || self.slo.as_ref().is_some_and(|s| hay(s.name()))
             || self.cgroups.iter().any(|c| hay(c))
             || self.disks.iter().any(|d| hay(d))
     }
@@ -336,7 +319,7 @@ struct CgroupCycle {
 #[derive(Clone)]
 struct ServiceCycle {
     name: String,
-    slo: Option<Slo>,
+    slo: Option<SloClass>,
     disk: String,
     state: State,
     p50_ns: Option<u64>,
@@ -533,16 +516,16 @@ impl Model {
             "violation_start" | "violation_end" => {
                 let service = str_at(v, "service");
                 let dev = str_at(v, "dev");
-                let slo = v.get("slo").and_then(Slo::parse);
+                let slo = v.get("slo").and_then(parse_slo);
                 let p999 = u64_at(v, "p999_ns");
                 let rate = f64_at(v, "rate_bps");
                 let numbers = match slo {
-                    Some(Slo::Latency { p999_ns }) => format!(
+                    Some(SloClass::Latency { p999_ns }) => format!(
                         "p99.9 {} vs SLO {}",
                         p999.map(latency_words).unwrap_or_else(|| "-".into()),
                         latency_words(p999_ns)
                     ),
-                    Some(Slo::Throughput { rate_bps }) => format!(
+                    Some(SloClass::Throughput { rate_bps }) => format!(
                         "{:.1} MB/s vs SLO {:.1} MB/s",
                         rate / 1e6,
                         rate_bps as f64 / 1e6
@@ -809,11 +792,7 @@ fn parse_cgroup(v: &Value) -> CgroupCycle {
             ops.push(OpLatency {
                 disk: disk.clone().unwrap_or_else(|| dev.clone()),
                 op: op.into(),
-                samples: u64_at(lat, "samples").unwrap_or(0),
-                p50_ns: u64_at(lat, "p50_ns"),
-                p99_ns: u64_at(lat, "p99_ns"),
-                p999_ns: u64_at(lat, "p999_ns"),
-                max_ns: u64_at(lat, "max_ns"),
+                latency: LatencySummary::deserialize(lat).unwrap_or_default(),
             });
         }
         by_dev.push((dev, disk, r, w, iops));
@@ -835,7 +814,7 @@ fn parse_cgroup(v: &Value) -> CgroupCycle {
 fn parse_service(v: &Value) -> ServiceCycle {
     ServiceCycle {
         name: str_at(v, "service"),
-        slo: v.get("slo").and_then(Slo::parse),
+        slo: v.get("slo").and_then(parse_slo),
         disk: v
             .get("disk")
             .and_then(Value::as_str)
@@ -870,7 +849,7 @@ fn parse_service(v: &Value) -> ServiceCycle {
 
 /// A service over its disks: the worst state and p99.9, summed traffic, the tightest limit.
 fn aggregate_service(row: &mut Row, parts: &[ServiceCycle]) {
-    row.slo = parts.iter().find_map(|p| p.slo.clone());
+    row.slo = parts.iter().find_map(|p| p.slo);
     row.state = parts.iter().map(|p| p.state).max().unwrap_or(State::Ok);
     let worst = parts
         .iter()
@@ -912,12 +891,13 @@ fn fill_cgroup(row: &mut Row, c: CgroupCycle) {
     let shown = c
         .ops
         .iter()
-        .filter(|o| o.p999_ns.is_some())
-        .max_by_key(|o| o.p999_ns)
-        .or_else(|| c.ops.iter().max_by_key(|o| o.samples));
-    row.p50_ns = shown.and_then(|o| o.p50_ns);
-    row.p999_ns = shown.and_then(|o| o.p999_ns);
-    row.samples = shown.map(|o| o.samples).unwrap_or(0);
+        .map(|o| &o.latency)
+        .filter(|l| l.p999_ns.is_some())
+        .max_by_key(|l| l.p999_ns)
+        .or_else(|| c.ops.iter().map(|o| &o.latency).max_by_key(|l| l.samples));
+    row.p50_ns = shown.and_then(|l| l.p50_ns);
+    row.p999_ns = shown.and_then(|l| l.p999_ns);
+    row.samples = shown.map(|l| l.samples).unwrap_or(0);
     row.disks = c
         .by_dev
         .iter()
@@ -1001,13 +981,13 @@ impl Column {
             Column::Name => a.name.cmp(&b.name),
             Column::Kind => a.kind.cmp(&b.kind),
             Column::Class => {
-                let c = |r: &Row| r.slo.as_ref().map(|s| s.class()).unwrap_or("~");
+                let c = |r: &Row| r.slo.as_ref().map(|s| s.name()).unwrap_or("~");
                 c(a).cmp(c(b))
             }
             Column::Slo => {
                 let t = |r: &Row| match r.slo {
-                    Some(Slo::Latency { p999_ns }) => Some(p999_ns),
-                    Some(Slo::Throughput { rate_bps }) => Some(rate_bps),
+                    Some(SloClass::Latency { p999_ns }) => Some(p999_ns),
+                    Some(SloClass::Throughput { rate_bps }) => Some(rate_bps),
                     _ => None,
                 };
                 opt(t(a), t(b))
@@ -1066,7 +1046,7 @@ pub(crate) mod tests {
         assert_eq!(h.policy.as_deref(), Some("adaptive"));
         let db = m.row(&RowKey::Service("db".into())).unwrap();
         assert_eq!(db.state, State::Ok);
-        assert_eq!(db.slo, Some(Slo::Latency { p999_ns: 6_000_000 }));
+        assert_eq!(db.slo, Some(SloClass::Latency { p999_ns: 6_000_000 }));
         assert_eq!(db.cgroups, ["/rec-db"]);
         assert_eq!((db.p999_ns, db.samples), (Some(153_600), 17_227));
         // The service's cgroups are not rows of their own.
@@ -1079,7 +1059,7 @@ pub(crate) mod tests {
         assert_eq!(db.p999_ns, Some(20_709_376));
         assert!(db.vio.unwrap() > 2.0);
         let backup = m.row(&RowKey::Service("backup".into())).unwrap();
-        assert_eq!(backup.slo, Some(Slo::BestEffort));
+        assert_eq!(backup.slo, Some(SloClass::BestEffort));
         assert!(backup.write_mbps > 1000.0, "{}", backup.write_mbps);
         assert!(m.actions.iter().any(|a| a.kind == ActionKind::Decision
             && a.service.as_deref() == Some("backup")

@@ -11,9 +11,11 @@ use ratatui::{
     Frame,
 };
 
+use crate::config::SloClass;
+
 use super::{
     app::{App, Pane},
-    model::{latency_words, Action, ActionKind, Column, Limits, Link, Row, RowKey, Slo, State},
+    model::{latency_words, Action, ActionKind, Column, Limits, Link, Row, RowKey, State},
 };
 
 /// Smallest terminal the view draws into; below it says so instead.
@@ -248,10 +250,10 @@ fn limit_text(l: &Limits) -> String {
     }
 }
 
-fn slo_text(s: &Option<Slo>) -> String {
+fn slo_text(s: &Option<SloClass>) -> String {
     match s {
-        Some(Slo::Latency { p999_ns }) => latency_words(*p999_ns),
-        Some(Slo::Throughput { rate_bps }) => format!("{:.0}MB/s", *rate_bps as f64 / 1e6),
+        Some(SloClass::Latency { p999_ns }) => latency_words(*p999_ns),
+        Some(SloClass::Throughput { rate_bps }) => format!("{:.0}MB/s", *rate_bps as f64 / 1e6),
         _ => "-".into(),
     }
 }
@@ -263,14 +265,14 @@ fn cell(r: &Row, c: Column) -> Cell<'static> {
         Column::Class => Cell::from(
             r.slo
                 .as_ref()
-                .map(|s| s.class().to_string())
+                .map(|s| s.name().to_string())
                 .unwrap_or_else(|| "-".into()),
         ),
         Column::Slo => Cell::from(slo_text(&r.slo)),
         Column::P50 => Cell::from(ns(r.p50_ns)),
         Column::P999 => {
             let over = match (&r.slo, r.p999_ns) {
-                (Some(Slo::Latency { p999_ns }), Some(p)) => p > *p999_ns,
+                (Some(SloClass::Latency { p999_ns }), Some(p)) => p > *p999_ns,
                 _ => false,
             };
             let c = Cell::from(ns(r.p999_ns));
@@ -367,8 +369,8 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
     let model = app.model();
     let what = match &row.key {
         RowKey::Service(_) => match &row.slo {
-            Some(slo @ (Slo::Latency { .. } | Slo::Throughput { .. })) => {
-                format!("{} · {} {}", row.kind, slo.class(), slo_text(&row.slo))
+            Some(slo @ (SloClass::Latency { .. } | SloClass::Throughput { .. })) => {
+                format!("{} · {} {}", row.kind, slo.name(), slo_text(&row.slo))
             }
             _ => format!("{} · best-effort", row.kind),
         },
@@ -414,10 +416,10 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
                 "{:<5} {:<6} {:>5} {:>6} {:>5} {:>5}",
                 truncate(&o.disk, 5),
                 o.op,
-                count(o.samples as f64),
-                ns(o.p50_ns),
-                ns(o.p99_ns),
-                ns(o.p999_ns)
+                count(o.latency.samples as f64),
+                ns(o.latency.p50_ns),
+                ns(o.latency.p99_ns),
+                ns(o.latency.p999_ns)
             )));
         }
     } else {
@@ -464,7 +466,7 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
                 "p99.9 {}{}, last {}",
                 ns(row.p999_ns),
                 match row.slo {
-                    Some(Slo::Latency { .. }) => format!(" (SLO {})", slo_text(&row.slo)),
+                    Some(SloClass::Latency { .. }) => format!(" (SLO {})", slo_text(&row.slo)),
                     _ => String::new(),
                 },
                 span(p999.len())
