@@ -98,6 +98,9 @@ pub struct InflightEnd {
     pub untraced: i64,
     /// Found by the 30 s rule rather than by the disk's own accounting.
     pub by_timeout: bool,
+    /// What the kernel-side count held beyond the level during the cycle: the programs'
+    /// peak less this is the cycle's peak level.
+    pub offset: i64,
 }
 
 /// In-flight bookkeeping on top of the programs' counters.
@@ -129,16 +132,8 @@ pub struct InflightLedger {
 }
 
 impl InflightLedger {
-    /// The level `count` stands for. A count below the offset means a completion taken
-    /// for unseen was seen after all (or one was seen whose issue was not counted): the
-    /// offset follows the count down, so the level never goes below zero.
-    fn level(&mut self, key: IoKey, count: i64) -> i64 {
-        let offset = self.offset.get(&key).copied().unwrap_or(0);
-        if count < offset {
-            self.set_offset(key, count);
-            return 0;
-        }
-        count - offset
+    fn offset(&self, key: IoKey) -> i64 {
+        self.offset.get(&key).copied().unwrap_or(0)
     }
 
     fn set_offset(&mut self, key: IoKey, offset: i64) {
@@ -151,8 +146,8 @@ impl InflightLedger {
 
     /// Whether the key's disk should be asked if it is quiet: requests counted on a key
     /// idle for the whole cycle, of an op the disk's in-flight count covers.
-    pub fn suspect(&mut self, key: IoKey, count: i64, idle: bool) -> bool {
-        idle && (key.op == OP_READ || key.op == OP_WRITE) && self.level(key, count) > 0
+    pub fn suspect(&self, key: IoKey, count: i64, idle: bool) -> bool {
+        idle && (key.op == OP_READ || key.op == OP_WRITE) && count > self.offset(key)
     }
 
     /// Ends the cycle of one key: `idle` (no issue, no completion this cycle), `quiet`
@@ -165,11 +160,19 @@ impl InflightLedger {
         quiet: bool,
         now_ns: u64,
     ) -> InflightEnd {
-        let level = self.level(key, count);
+        let offset = self.offset(key);
+        // A count below the offset means a completion taken for unseen was seen after all
+        // (or one was seen whose issue was not counted): the offset follows the count
+        // down, so the level never goes below zero.
+        if count < offset {
+            self.set_offset(key, count);
+        }
+        let level = (count - offset).max(0);
         let mut end = InflightEnd {
             level,
             untraced: 0,
             by_timeout: false,
+            offset,
         };
         if !idle || level <= 0 {
             self.idle_since_ns.remove(&key);
@@ -185,6 +188,7 @@ impl InflightLedger {
                 level: 0,
                 untraced: level,
                 by_timeout: !quiet,
+                offset,
             };
         }
         end
@@ -493,13 +497,12 @@ impl Collector {
             let now = end.level;
             // Highest of: level carried in from the last cycle (less what this cycle found
             // had completed unseen before it began: only idle keys find any), level now,
-            // and the peak
-            // the programs saw after this cycle's first issue (less what is known to have
-            // completed unseen).
+            // and the peak the programs saw after this cycle's first issue (less the offset
+            // it held then).
             let carried = self.prev_inflight.get(&d.key).copied().unwrap_or(0) - end.untraced;
             let mut peak = now.max(carried);
             if v.epoch == epoch {
-                peak = peak.max(v.peak - (v.count - now - end.untraced));
+                peak = peak.max(v.peak - end.offset);
             }
             d.inflight_now = now as u64;
             d.inflight_peak = peak.max(0) as u64;
@@ -675,7 +678,12 @@ mod tests {
         assert_eq!(l.end_cycle(k, 0, false, false, 2 * S).level, 0);
         assert_eq!(l.end_cycle(k, 1, false, false, 3 * S).level, 1);
         // A completion whose issue was not counted never shows as a negative level.
-        assert_eq!(l.end_cycle(k, -1, false, false, 4 * S).level, 0);
+        let e = l.end_cycle(k, -1, false, false, 4 * S);
+        assert_eq!(e.level, 0);
+        assert_eq!(
+            e.offset, 0,
+            "the cycle's peak is the programs' peak, not raised by the negative count"
+        );
         assert_eq!(l.end_cycle(k, 0, false, false, 5 * S).level, 1);
     }
 
