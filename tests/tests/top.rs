@@ -345,3 +345,54 @@ fn without_an_agent_top_collects_itself_and_sigterm_restores_the_terminal() {
         "the view is gone from the screen:\n{pane}"
     );
 }
+
+/// A closed pane (or a dropped ssh session) hangs up top's terminal. crossterm's own wait
+/// spun on the hung-up terminal at 100 % CPU and never looked at SIGHUP, so top, with its
+/// own collector's programs attached, outlived its terminal.
+#[test]
+fn top_ends_when_its_terminal_hangs_up() {
+    require_root();
+    require_tool("tmux");
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("top.pid");
+    let tmux = Tmux::start(&format!(
+        "sh -c 'echo $$ > {}; exec {} top --socket {}'",
+        pid_file.display(),
+        isolator_bin().display(),
+        scratch.path("no-agent.sock").display()
+    ));
+    tmux.wait_for(
+        "the own collector's view",
+        |p| p.contains("own collector, observe only"),
+        Duration::from_secs(20),
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    drop(tmux);
+    // Gone, or a zombie waiting for init to reap it.
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(") ")
+                    .next()
+                    .map(|r| r.chars().next().unwrap_or('?'))
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state().is_some_and(|s| s != 'Z') && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left = state().filter(|&s| s != 'Z');
+    if left.is_some() {
+        // SAFETY: plain kill(2) on the process the pane ran, so the test leaves nothing.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(
+        left, None,
+        "top (pid {pid}) still running 10 s after its terminal hung up"
+    );
+}

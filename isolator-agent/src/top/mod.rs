@@ -214,19 +214,54 @@ fn event_loop(
             }
         }
         terminal.draw(|f| view::render(f, app))?;
-        match event::poll(Duration::from_millis(250)) {
-            Ok(true) => {
-                if let TermEvent::Key(k) = event::read()? {
-                    if k.kind != KeyEventKind::Release && app.key(k) == Flow::Quit {
-                        return Ok(());
+        match wait_for_terminal(Duration::from_millis(250)) {
+            TerminalWait::HungUp => return Ok(()),
+            TerminalWait::Idle => {}
+            // Input is waiting: crossterm reads it, all of it (it buffers what one read
+            // brings, which the terminal then no longer reports), without waiting itself.
+            TerminalWait::Input => loop {
+                match event::poll(Duration::ZERO) {
+                    Ok(true) => {
+                        if let TermEvent::Key(k) = event::read()? {
+                            if k.kind != KeyEventKind::Release && app.key(k) == Flow::Quit {
+                                return Ok(());
+                            }
+                        }
                     }
+                    Ok(false) => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => break,
+                    Err(e) => return Err(e.into()),
                 }
-            }
-            Ok(false) => {}
-            // A signal interrupted the wait: the loop looks at TERMINATE.
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+            },
         }
+    }
+}
+
+enum TerminalWait {
+    Input,
+    /// Nothing, or a signal interrupted the wait (the loop looks at TERMINATE).
+    Idle,
+    /// The terminal is gone (closed tmux pane, dropped ssh session).
+    HungUp,
+}
+
+/// Waits for the terminal (stdin: top refuses to start without one). crossterm's own wait
+/// never returns once the terminal hangs up: it spins on the hung-up descriptor and the
+/// SIGHUP flag is never looked at. So the wait is done here, and crossterm only reads.
+fn wait_for_terminal(timeout: Duration) -> TerminalWait {
+    let mut fd = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    if rc <= 0 {
+        TerminalWait::Idle
+    } else if fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        TerminalWait::HungUp
+    } else {
+        TerminalWait::Input
     }
 }
 
