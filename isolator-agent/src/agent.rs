@@ -20,7 +20,7 @@ use crate::{
     control::Controller,
     disks::{DiskBusy, DiskNames},
     docker::{self, ContainerTable, DockerUpdate},
-    enforcer::{Enforcer, Journal},
+    enforcer::{Enforcer, HostLock, Journal},
     events::{CgroupRef, DeviceStats, DiskCycle, Event, NdjsonSink, Totals},
     metrics::Metrics,
     policy, privileges,
@@ -87,9 +87,14 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 }
 
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let outside = || format!("{s} is outside the allowed 1s..10s; pick a cycle between 1s and 10s");
     let d = if let Ok(secs) = s.parse::<f64>() {
-        if !secs.is_finite() || secs < 0.0 {
+        if secs.is_nan() || secs < 0.0 {
             return Err(format!("'{s}' is not a duration; use e.g. 1s or 2500ms"));
+        }
+        // Checked before converting: Duration::from_secs_f64 panics past u64::MAX seconds.
+        if !(1.0..=10.0).contains(&secs) {
+            return Err(outside());
         }
         Duration::from_secs_f64(secs)
     } else {
@@ -97,9 +102,7 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
             .map_err(|_| format!("'{s}' is not a duration; use e.g. 1s or 2500ms"))?
     };
     if d < Duration::from_secs(1) || d > Duration::from_secs(10) {
-        return Err(format!(
-            "{s} is outside the allowed 1s..10s; pick a cycle between 1s and 10s"
-        ));
+        return Err(outside());
     }
     Ok(d)
 }
@@ -213,6 +216,11 @@ pub struct Agent {
     busy: DiskBusy,
     control: Option<Controller>,
     docker: Option<DockerLink>,
+    /// Fault injection for the tests of what a panic leaves behind (nothing): the cycle
+    /// of this number panics. Set by ISOLATOR_FAULT_PANIC_AT_CYCLE.
+    panic_at_cycle: Option<u64>,
+    /// Attaching block_rq_insert failed once: said, not retried every cycle.
+    insert_failed: bool,
     // Declared last: dropping it detaches the programs after the maps are released.
     probe: Probe,
 }
@@ -222,7 +230,10 @@ impl Agent {
     pub fn start(opts: &RunOptions) -> Result<Self> {
         let sink = match &opts.json {
             Some(p) => NdjsonSink::file(p).with_context(|| {
-                format!("cannot open --json {}; choose a writable path", p.display())
+                format!(
+                    "cannot open --json {}; choose a writable path in a directory only root can write",
+                    p.display()
+                )
             })?,
             None => NdjsonSink::stdout(),
         };
@@ -239,20 +250,25 @@ impl Agent {
             sink.emit(&Event::Warning {
                 code: "memlock".into(),
                 message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
-            })?;
+            });
         }
         let hierarchy = IoHierarchy::detect()?;
-        // A journal left by a crashed run is restored before anything else.
+        // One agent per host enforces; a journal left by a crashed run is restored (where
+        // its knobs still hold what it wrote) before anything else.
         let mut early_events = vec![];
-        let journal = if opts.config.is_some() && !opts.dry_run {
-            let mut j = Journal::open(&opts.journal_dir)?;
-            for r in j.recover()? {
+        let enforcer = if opts.config.is_some() && !opts.dry_run {
+            let lock = HostLock::acquire(&hierarchy.root)?;
+            let mut e = Enforcer::new(hierarchy.clone(), Some(Journal::open(&opts.journal_dir)?))
+                .with_host_lock(lock);
+            for r in e.recover()? {
                 early_events.push(Event::restore("recovery", r));
             }
-            Some(j)
+            e
         } else {
             if opts.journal_dir.join("journal.json").exists() {
-                match Journal::open(&opts.journal_dir).and_then(|mut j| j.recover()) {
+                let recovered = Journal::open(&opts.journal_dir)
+                    .and_then(|j| Enforcer::new(hierarchy.clone(), Some(j)).recover());
+                match recovered {
                     Ok(rs) => {
                         early_events.extend(rs.into_iter().map(|r| Event::restore("recovery", r)))
                     }
@@ -262,7 +278,7 @@ impl Agent {
                     }),
                 }
             }
-            None
+            Enforcer::new(hierarchy.clone(), None)
         };
         let control = match &opts.config {
             None => None,
@@ -272,7 +288,7 @@ impl Agent {
                 cfg.check_against(&path.display().to_string(), &paths)?;
                 let policy = policy::by_name(&opts.policy, opts.ute_threshold)
                     .with_context(|| format!("unknown policy '{}'", opts.policy))?;
-                let mut c = Controller::new(cfg, policy, Enforcer::new(hierarchy.mode, journal));
+                let mut c = Controller::new(cfg, policy, enforcer);
                 early_events.extend(c.refresh(&hierarchy, &paths, &ContainerTable::default(), 0));
                 Some(c)
             }
@@ -305,17 +321,17 @@ impl Agent {
             policy: control.as_ref().map(|c| c.policy_name().to_string()),
             config: opts.config.as_ref().map(|p| p.display().to_string()),
             dry_run: opts.dry_run,
-        })?;
+        });
         for e in &early_events {
-            sink.emit(e)?;
+            sink.emit(e);
         }
         let mut control = control;
         if let Some(c) = control.as_mut() {
-            for e in c.apply_weights(&hierarchy, 0) {
-                sink.emit(&e)?;
+            for e in c.apply_weights(0) {
+                sink.emit(&e);
             }
         }
-        sink.flush()?;
+        sink.flush();
         Ok(Agent {
             sink,
             collector,
@@ -334,15 +350,19 @@ impl Agent {
             disks: DiskNames::default(),
             busy: DiskBusy::at_start(),
             control,
+            panic_at_cycle: std::env::var("ISOLATOR_FAULT_PANIC_AT_CYCLE")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            insert_failed: false,
             probe,
         })
     }
 
     /// Takes what the Docker watcher reported since the last cycle. Returns whether the
     /// container table changed.
-    fn follow_docker(&mut self) -> Result<bool> {
+    fn follow_docker(&mut self) -> bool {
         let Some(link) = self.docker.as_mut() else {
-            return Ok(false);
+            return false;
         };
         let mut changed = false;
         while let Ok(u) = link.updates.try_recv() {
@@ -356,7 +376,7 @@ impl Agent {
                         socket: link.socket.display().to_string(),
                         api_version: api_version.clone(),
                         containers: containers.len(),
-                    })?;
+                    });
                 }
                 // Said once per outage; the watcher keeps retrying with backoff.
                 DockerUpdate::Down { error, retry_in } if !link.down_said => {
@@ -368,26 +388,40 @@ impl Agent {
                             retry_in.as_secs(),
                             docker::BACKOFF_MAX.as_secs()
                         ),
-                    })?;
+                    });
                 }
                 _ => {}
             }
             changed |= self.registry.apply_docker(&u);
         }
-        Ok(changed)
+        changed
     }
 
     /// One cycle: collect, name, compute, emit.
     pub fn cycle(&mut self) -> Result<()> {
         let started = Instant::now();
         let snap = self.collector.collect()?;
-        if snap.need_insert && self.probe.attach_insert()? {
-            self.sink.emit(&Event::Warning {
-                code: "insert_attached".into(),
-                message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
-            })?;
+        if self.panic_at_cycle == Some(snap.cycle) {
+            panic!("fault injected at cycle {} (ISOLATOR_FAULT_PANIC_AT_CYCLE)", snap.cycle);
         }
-        let containers_changed = self.follow_docker()?;
+        if snap.need_insert && !self.insert_failed {
+            // Optional: without it queue time is unknown on such queues; the cycle goes on.
+            match self.probe.attach_insert() {
+                Ok(true) => self.sink.emit(&Event::Warning {
+                    code: "insert_attached".into(),
+                    message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
+                }),
+                Ok(false) => {}
+                Err(e) => {
+                    self.insert_failed = true;
+                    self.sink.emit(&Event::Warning {
+                        code: "insert_attach_failed".into(),
+                        message: format!("{e:#}; queue time stays unknown on queues that give requests no start time"),
+                    });
+                }
+            }
+        }
+        let containers_changed = self.follow_docker();
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
         let walk = self.registry.update(&active);
         if let Some(c) = self.control.as_mut() {
@@ -405,7 +439,7 @@ impl Agent {
                     &registry.containers,
                     snap.cycle,
                 ) {
-                    self.sink.emit(&e)?;
+                    self.sink.emit(&e);
                 }
             }
         }
@@ -420,14 +454,14 @@ impl Agent {
                     dev_major(key.dev),
                     dev_minor(key.dev)
                 ),
-            })?;
+            });
         }
         let interval_s = snap.interval_ns as f64 / 1e9;
 
         let records = self.records(&snap);
         let n = records.len();
         for r in records {
-            self.sink.emit(&r)?;
+            self.sink.emit(&r);
         }
 
         // Cgroups that are gone and saw no request this cycle: drop their keys so the maps
@@ -446,7 +480,7 @@ impl Agent {
                 self.sink.emit(&Event::CgroupGone {
                     cycle: snap.cycle,
                     cgroup,
-                })?;
+                });
             }
         }
 
@@ -465,11 +499,9 @@ impl Agent {
                 &|dev| busy.get(&dev).copied().unwrap_or(0.0),
             );
             let disks = &mut self.disks;
-            let events = c.step(&self.registry.hierarchy, &cycles, &mut |dev| {
-                disks.name(dev)
-            });
+            let events = c.step(&cycles, &mut |dev| disks.name(dev));
             for e in events {
-                self.sink.emit(&e)?;
+                self.sink.emit(&e);
             }
         }
 
@@ -496,10 +528,11 @@ impl Agent {
             insert_attached: self.probe.insert_attached(),
             collect_us: started.elapsed().as_micros() as u64,
             docker_containers: self.docker.as_ref().map(|_| self.registry.containers.len()),
+            events_dropped: self.sink.dropped(),
             disks,
             programs,
-        })?;
-        self.sink.flush()?;
+        });
+        self.sink.flush();
         Ok(())
     }
 
@@ -559,44 +592,76 @@ impl Agent {
             .collect()
     }
 
-    pub fn stop(&mut self, reason: &str, cycles: u64) -> Result<()> {
+    /// Puts back every limit this agent wrote (where it still holds the agent's value), says
+    /// `agent_stop`, and gives the output a moment to take the last events: an output that
+    /// does not (a stalled reader) cannot keep the agent from stopping.
+    pub fn stop(&mut self, reason: &str, cycles: u64) {
         if let Some(c) = self.control.as_mut() {
             for e in c.restore_all("stop") {
-                self.sink.emit(&e)?;
+                self.sink.emit(&e);
             }
         }
         self.sink.emit(&Event::AgentStop {
             reason: reason.into(),
             cycles,
-        })?;
-        self.sink.flush()?;
-        Ok(())
+        });
+        if !self.sink.drain(OUTPUT_DRAIN_TIMEOUT) {
+            tracing::warn!(
+                "the event output did not take the last events within {}s; stopping anyway",
+                OUTPUT_DRAIN_TIMEOUT.as_secs()
+            );
+        }
     }
 }
 
-/// Runs until SIGINT/SIGTERM; then detaches and returns (exit 0).
+/// How long a stopping agent waits for its output.
+const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Waits for the signal, or forever without one.
+async fn next_signal(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs until SIGINT, SIGTERM or SIGQUIT; then restores, detaches and returns (exit 0).
+/// SIGHUP reopens the --json file (logrotate) and the agent goes on: a daemon outlives the
+/// terminal that started it, and its limits are never left behind by one closing.
 pub async fn run(opts: RunOptions) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigquit = signal(SignalKind::quit()).context("installing SIGQUIT handler")?;
+    let sighup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let agent = Agent::start(&opts)?;
     agent
-        .run_until(opts.interval, async {
-            tokio::select! {
-                _ = sigint.recv() => "SIGINT",
-                _ = sigterm.recv() => "SIGTERM",
-            }
-        })
+        .run_until(
+            opts.interval,
+            async {
+                tokio::select! {
+                    _ = sigint.recv() => "SIGINT",
+                    _ = sigterm.recv() => "SIGTERM",
+                    _ = sigquit.recv() => "SIGQUIT",
+                }
+            },
+            Some(sighup),
+        )
         .await
 }
 
 impl Agent {
     /// Runs a cycle every `interval` until `stop` yields the reason; then restores what it
-    /// wrote, says `agent_stop` and detaches the programs.
+    /// wrote, says `agent_stop` and detaches the programs. `reopen` (SIGHUP) reopens the
+    /// --json file. A panic in a cycle restores every limit and ends the agent with an
+    /// error (a service manager restarts it); a failing cycle is an event, and it goes on.
     pub async fn run_until(
         mut self,
         interval: Duration,
         stop: impl std::future::Future<Output = &'static str>,
+        mut reopen: Option<tokio::signal::unix::Signal>,
     ) -> Result<()> {
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(interval);
@@ -606,17 +671,43 @@ impl Agent {
         let reason = loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    if let Err(e) = self.cycle() {
-                        // A failing cycle is an event; the agent keeps going.
-                        tracing::warn!(error = %format!("{e:#}"), "cycle failed");
-                        let _ = self.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
+                    let cycle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cycle()));
+                    match cycle {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %format!("{e:#}"), "cycle failed");
+                            self.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
+                        }
+                        Err(panic) => {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown".into());
+                            self.sink.emit(&Event::Error {
+                                code: "panic".into(),
+                                message: format!("the agent panicked in cycle {} ({what}); every limit it wrote is put back and it stops", cycles + 1),
+                            });
+                            self.stop("panic", cycles);
+                            if let Some(socket) = self.sink.take_socket() {
+                                socket.shutdown().await;
+                            }
+                            bail!("panicked in cycle {} ({what}); limits restored; please report this bug", cycles + 1);
+                        }
                     }
                     cycles += 1;
+                }
+                _ = next_signal(&mut reopen) => {
+                    self.sink.reopen();
+                    self.sink.emit(&Event::Warning {
+                        code: "reopened".into(),
+                        message: "SIGHUP: the event file is reopened; the agent goes on (SIGTERM stops it)".into(),
+                    });
                 }
                 reason = &mut stop => break reason,
             }
         };
-        self.stop(reason, cycles)?;
+        self.stop(reason, cycles);
         if let Some(socket) = self.sink.take_socket() {
             socket.shutdown().await;
         }
@@ -651,5 +742,63 @@ mod tests {
         assert!(parse_interval("fast")
             .unwrap_err()
             .contains("not a duration"));
+        // Numbers Duration cannot hold, or that are not numbers: errors, never a panic.
+        for s in ["1e20", "18446744073709551616", "1e-300", "1e400", "inf"] {
+            assert!(parse_interval(s).unwrap_err().contains("1s..10s"), "{s}");
+        }
+        for s in ["-inf", "NaN", "-0.5"] {
+            assert!(parse_interval(s).unwrap_err().contains("not a duration"), "{s}");
+        }
+        assert!(parse_interval("18446744073709551616s").is_err());
+    }
+
+    #[test]
+    fn ute_threshold_is_a_fraction() {
+        assert_eq!(parse_fraction("0.75"), Ok(0.75));
+        for s in ["0", "1", "NaN", "inf", "-0.5", "1e400", "x"] {
+            assert!(parse_fraction(s).unwrap_err().contains("between 0 and 1"), "{s}");
+        }
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::{parse_fraction, parse_interval};
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 2000,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            /// Any text: an interval in 1s..=10s or an error, never a panic.
+            #[test]
+            fn interval_of_any_text(s in any::<String>()) {
+                if let Ok(d) = parse_interval(&s) {
+                    prop_assert!(d.as_secs_f64() >= 1.0 && d.as_secs_f64() <= 10.0, "{s}: {d:?}");
+                }
+            }
+
+            /// Numbers of every magnitude, bare or with a unit.
+            #[test]
+            fn interval_of_any_number(
+                v in prop_oneof![any::<f64>(), 0.0..20.0f64, Just(f64::MAX), Just(u64::MAX as f64)],
+                unit in prop::sample::select(vec!["", "s", "ms", "us", "ns", "m", "h", "y", "e3"]),
+            ) {
+                let s = format!("{v}{unit}");
+                if let Ok(d) = parse_interval(&s) {
+                    prop_assert!(d >= std::time::Duration::from_secs(1), "{s}");
+                    prop_assert!(d <= std::time::Duration::from_secs(10), "{s}");
+                }
+            }
+
+            #[test]
+            fn fraction_of_any_text(s in prop_oneof![any::<String>(), any::<f64>().prop_map(|v| v.to_string())]) {
+                if let Ok(v) = parse_fraction(&s) {
+                    prop_assert!(v > 0.0 && v < 1.0, "{s}: {v}");
+                }
+            }
+        }
     }
 }

@@ -187,4 +187,80 @@ mod tests {
         assert_eq!(unescape(r"/a\040b"), PathBuf::from("/a b"));
         assert_eq!(unescape(r"/a\b"), PathBuf::from(r"/a\b"));
     }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// What the kernel writes for a mount point (show_mountinfo's mangle).
+        fn escape(s: &str) -> String {
+            s.chars()
+                .map(|c| match c {
+                    ' ' | '\t' | '\n' | '\\' => format!("\\{:03o}", c as u32),
+                    c => c.to_string(),
+                })
+                .collect()
+        }
+
+        /// mountinfo lines, right and wrong: fields of any text, the separator or not,
+        /// cgroup and cgroup2 mounts with any options.
+        fn mountinfo_line() -> impl Strategy<Value = String> {
+            let field = prop_oneof!["\\PC{0,12}", "[ -~]{0,12}", Just(String::new())];
+            let fstype = prop::sample::select(vec!["cgroup", "cgroup2", "ext4", "tmpfs", ""]);
+            let options = prop_oneof![
+                Just("rw,blkio".to_string()),
+                Just("rw,cpu".to_string()),
+                Just("blkio".to_string()),
+                "[a-z,]{0,16}",
+            ];
+            prop_oneof![
+                (
+                    prop::collection::vec(field.clone(), 0..8),
+                    prop::sample::select(vec![" - ", " -", "- ", " "]),
+                    fstype,
+                    field.clone(),
+                    options,
+                    prop::collection::vec(field, 0..3),
+                )
+                    .prop_map(|(pre, sep, ty, src, opts, rest)| {
+                        format!("{}{sep}{ty} {src} {opts} {}", pre.join(" "), rest.join(" "))
+                    }),
+                any::<String>(),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 2000,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn hierarchy_of_any_mountinfo(text in any::<String>(), controllers in any::<Option<String>>()) {
+                let _ = IoHierarchy::from_mountinfo(&text, |_| controllers.clone());
+            }
+
+            #[test]
+            fn hierarchy_of_mountinfo_like_text(lines in prop::collection::vec(mountinfo_line(), 0..8)) {
+                let text = lines.join("\n");
+                if IoHierarchy::from_mountinfo(&text, |_| Some("io".into())).is_ok() {
+                    // Only a cgroup mount names a hierarchy.
+                    prop_assert!(text.lines().any(|l| l.contains(" - cgroup")), "{text}");
+                }
+            }
+
+            #[test]
+            fn unescape_of_any_text(s in any::<String>()) {
+                let _ = unescape(&s);
+            }
+
+            /// A mount point the kernel escaped comes back as it was.
+            #[test]
+            fn unescape_undoes_the_kernels_escapes(s in prop_oneof!["\\PC{0,24}", "[ \t\n\\\\0-9a]{0,24}"]) {
+                prop_assert_eq!(unescape(&escape(&s)), PathBuf::from(&s));
+            }
+        }
+    }
 }

@@ -1,7 +1,11 @@
 //! The SLO config (`--config`, TOML): which cgroups form which service and what each
 //! service is promised. Every error names the file, the line and the fix.
 
-use std::{collections::HashMap, ops::Range, path::Path};
+use std::{
+    collections::HashMap,
+    ops::{Range, RangeInclusive},
+    path::Path,
+};
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -10,6 +14,7 @@ use toml::Spanned;
 use crate::{
     docker::{ContainerInfo, ContainerTable},
     naming::{self, PathName, ServiceKind},
+    policy::MIN_CAP_BPS,
 };
 
 /// A service's promise.
@@ -179,6 +184,48 @@ impl Matcher {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Config {
     pub services: Vec<ServiceSpec>,
+    /// What container labels may declare (`[labels]`).
+    pub labels: LabelPolicy,
+}
+
+/// The classes a service can have, as the config and labels spell them.
+pub const CLASSES: [&str; 3] = ["latency", "throughput", "best-effort"];
+/// A p99.9 target is within this, inclusive: under 10us is below what a device can be
+/// judged on, over 60s is a typo.
+pub const P999_RANGE_NS: RangeInclusive<u64> = 10_000..=60_000_000_000;
+/// Rates beyond any disk are typos, and beyond them lies u64 saturation: 1 PB/s.
+pub const MAX_RATE_BPS: u64 = 1_000_000_000_000_000;
+/// The same for I/Os per second.
+pub const MAX_RATE_IOPS: u64 = 1_000_000_000;
+/// io.weight's range (v1's bfq weight is narrower, 1..1000, and clamped by the enforcer).
+pub const WEIGHT_RANGE: RangeInclusive<i64> = 1..=10_000;
+
+/// The `[labels]` section: what a container may declare in its `isolator.*` labels, so
+/// that no container can ask for an SLO that throttles its neighbours without bound.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelPolicy {
+    /// false: container labels never become services.
+    pub enabled: bool,
+    /// The tightest p99.9 a label may declare.
+    pub min_p999_ns: u64,
+    /// The highest rate (target or floor, bytes/s) a label may declare; None: no bound.
+    pub max_rate_bps: Option<u64>,
+    /// The highest weight a label may declare.
+    pub max_weight: u32,
+    /// The classes a label may declare, spelled as in [`CLASSES`].
+    pub classes: Vec<&'static str>,
+}
+
+impl Default for LabelPolicy {
+    fn default() -> Self {
+        LabelPolicy {
+            enabled: true,
+            min_p999_ns: 1_000_000,
+            max_rate_bps: None,
+            max_weight: 10_000,
+            classes: CLASSES.to_vec(),
+        }
+    }
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -189,11 +236,48 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// An error on one line: values quoted in `message` may hold newlines (TOML strings,
+    /// cgroup names), which are escaped.
+    fn new(file: &str, line: usize, message: &str) -> ConfigError {
+        ConfigError {
+            file: file.to_string(),
+            line,
+            message: one_line(message),
+        }
+    }
+}
+
+/// `s` with control characters escaped (`\n`), so a message stays one line whatever
+/// values it quotes.
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
     service: Vec<Spanned<RawService>>,
+    labels: Option<RawLabels>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLabels {
+    enabled: Option<bool>,
+    min_p999: Option<Spanned<String>>,
+    max_rate: Option<Spanned<String>>,
+    max_weight: Option<Spanned<i64>>,
+    classes: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -233,7 +317,8 @@ fn split_quantity(s: &str) -> (&str, &str) {
     t.split_at(split)
 }
 
-/// Parses "20ms", "500us", "1.5s", "250000ns" into nanoseconds.
+/// Parses "20ms", "500us", "1.5s", "250000ns" into nanoseconds: at least 1ns (nothing
+/// rounds to 0) and within u64 (nothing saturates).
 pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     let (num, unit) = split_quantity(s);
     let v: f64 = num
@@ -247,24 +332,53 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
         "" => return Err(format!("'{s}' has no unit; write e.g. \"{num}ms\"")),
         u => return Err(format!("unknown unit '{u}' in '{s}'; use ns, us, ms or s")),
     };
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("'{s}' must be greater than zero"));
+    if v.is_nan() || v <= 0.0 {
+        return Err(format!(
+            "'{s}' must be greater than zero; write e.g. \"20ms\""
+        ));
     }
-    Ok((v * scale).round() as u64)
+    let ns = (v * scale).round();
+    if ns < 1.0 {
+        return Err(format!(
+            "'{s}' is less than 1ns, the finest duration there is; write at least \"1ns\""
+        ));
+    }
+    // u64::MAX as f64 is 2^64: at or above it the cast would saturate.
+    if ns >= u64::MAX as f64 {
+        return Err(format!(
+            "'{s}' is longer than 584 years, more than a duration can hold; write e.g. \"20ms\""
+        ));
+    }
+    Ok(ns as u64)
 }
 
-/// Parses "150MB/s", "1.5GiB/s", "800KB/s", "500iops" (decimal and binary prefixes).
+/// Parses "150MB/s", "1.5GiB/s", "800KB/s", "500iops" (decimal and binary prefixes): at
+/// least 1 B/s or 1 I/O per second (nothing rounds to 0), at most [`MAX_RATE_BPS`] or
+/// [`MAX_RATE_IOPS`] (nothing saturates).
 pub fn parse_rate(s: &str) -> Result<Rate, String> {
     let (num, unit) = split_quantity(s);
     let v: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a rate; write e.g. \"150MB/s\" or \"500iops\""))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("'{s}' must be greater than zero"));
+    if v.is_nan() || v <= 0.0 {
+        return Err(format!(
+            "'{s}' must be greater than zero; write e.g. \"150MB/s\""
+        ));
     }
     let unit = unit.trim();
     if unit.eq_ignore_ascii_case("iops") {
-        return Ok(Rate::IosPerSec(v.round().max(1.0) as u64));
+        let n = v.round();
+        if n < 1.0 {
+            return Err(format!(
+                "'{s}' is less than 1 I/O per second; write at least \"1iops\""
+            ));
+        }
+        if n > MAX_RATE_IOPS as f64 {
+            return Err(format!(
+                "'{s}' is more than {MAX_RATE_IOPS}iops, beyond any disk; write a real rate, e.g. \"500iops\""
+            ));
+        }
+        return Ok(Rate::IosPerSec(n as u64));
     }
     let scale = match unit {
         "B/s" => 1.0,
@@ -281,7 +395,47 @@ pub fn parse_rate(s: &str) -> Result<Rate, String> {
         ))
         }
     };
-    Ok(Rate::BytesPerSec((v * scale).round().max(1.0) as u64))
+    let bps = (v * scale).round();
+    if bps < 1.0 {
+        return Err(format!(
+            "'{s}' is less than 1 byte per second; write at least \"1B/s\""
+        ));
+    }
+    if bps > MAX_RATE_BPS as f64 {
+        return Err(format!(
+            "'{s}' is more than 1PB/s (1000000GB/s), beyond any disk; write a real rate, e.g. \"150MB/s\""
+        ));
+    }
+    Ok(Rate::BytesPerSec(bps as u64))
+}
+
+/// A duration as the config spells it, in the largest unit that keeps it exact: parses
+/// back to `ns`.
+pub fn duration_text(ns: u64) -> String {
+    match ns {
+        0 => "0ns".into(),
+        n if n % 1_000_000_000 == 0 => format!("{}s", n / 1_000_000_000),
+        n if n % 1_000_000 == 0 => format!("{}ms", n / 1_000_000),
+        n if n % 1_000 == 0 => format!("{}us", n / 1_000),
+        n => format!("{n}ns"),
+    }
+}
+
+/// A byte rate as the config spells it, in the largest unit that keeps it exact: parses
+/// back to `bps`.
+pub fn bytes_rate_text(bps: u64) -> String {
+    let units: [(u64, &str); 6] = [
+        (1_000_000_000, "GB/s"),
+        (1 << 30, "GiB/s"),
+        (1_000_000, "MB/s"),
+        (1 << 20, "MiB/s"),
+        (1_000, "KB/s"),
+        (1 << 10, "KiB/s"),
+    ];
+    match units.iter().find(|&&(u, _)| bps > 0 && bps % u == 0) {
+        Some((u, name)) => format!("{}{name}", bps / u),
+        None => format!("{bps}B/s"),
+    }
 }
 
 /// One field of a service's SLO, to point at the one at fault: a line of the config, a
@@ -370,6 +524,12 @@ pub enum SloRuleError {
         message: String,
     },
     RateNotBytes,
+    /// `policy::ServiceLoad` caps in bytes only: an IOPS ceiling would be ignored.
+    CeilingNotBytes,
+    /// Below [`MIN_CAP_BPS`], which no cap goes under: it could never be honoured.
+    CeilingBelowMinimum,
+    /// An IOPS floor and a bytes ceiling cannot be compared without an I/O size.
+    FloorCeilingUnits,
     FloorAboveCeiling,
     WeightOutOfRange(i64),
 }
@@ -381,7 +541,8 @@ impl SloRuleError {
             SloRuleError::UnknownClass(_) | SloRuleError::MissingTarget { .. } => SloField::Class,
             SloRuleError::NotForClass { field, .. } | SloRuleError::Invalid { field, .. } => *field,
             SloRuleError::RateNotBytes => SloField::Rate,
-            SloRuleError::FloorAboveCeiling => SloField::Floor,
+            SloRuleError::CeilingNotBytes | SloRuleError::CeilingBelowMinimum => SloField::Ceiling,
+            SloRuleError::FloorCeilingUnits | SloRuleError::FloorAboveCeiling => SloField::Floor,
             SloRuleError::WeightOutOfRange(_) => SloField::Weight,
         }
     }
@@ -415,6 +576,22 @@ impl SloRuleError {
                 spell(SloField::Rate, None),
                 spell(SloField::Rate, Some("150MB/s"))
             ),
+            SloRuleError::CeilingNotBytes => format!(
+                "{} must be in bytes per second; write e.g. {}",
+                spell(SloField::Ceiling, None),
+                spell(SloField::Ceiling, Some("200MB/s"))
+            ),
+            SloRuleError::CeilingBelowMinimum => format!(
+                "{} is below 1MiB/s, the lowest cap the agent ever writes, so it could never be honoured; write at least {}",
+                spell(SloField::Ceiling, None),
+                spell(SloField::Ceiling, Some("1MiB/s"))
+            ),
+            SloRuleError::FloorCeilingUnits => format!(
+                "{} and {} must be in the same unit to be compared, and a ceiling is in bytes per second; write the floor in bytes per second too, e.g. {}",
+                spell(SloField::Floor, None),
+                spell(SloField::Ceiling, None),
+                spell(SloField::Floor, Some("10MB/s"))
+            ),
             SloRuleError::FloorAboveCeiling => format!(
                 "{} is above {}; lower the floor or raise the ceiling",
                 spell(SloField::Floor, None),
@@ -429,8 +606,10 @@ impl SloRuleError {
 }
 
 /// Checks a service's SLO against the rules: a class's own target is set and the other
-/// class's is not, values have units and are above zero, a throughput target is in bytes,
-/// the floor is not above the ceiling, the weight is in 1..10000.
+/// class's is not, values have units and are in range (a p99.9 in [`P999_RANGE_NS`], rates
+/// by [`parse_rate`]), a throughput target and a ceiling are in bytes, the ceiling is at
+/// least [`MIN_CAP_BPS`], a floor and a ceiling are in one unit with the floor not above
+/// the ceiling, the weight is in [`WEIGHT_RANGE`].
 pub fn parse_slo(t: &SloText) -> Result<Slo, SloRuleError> {
     let invalid = |field| move |message| SloRuleError::Invalid { field, message };
     let absent = |field, class| match t.get(field) {
@@ -448,9 +627,16 @@ pub fn parse_slo(t: &SloText) -> Result<Slo, SloRuleError> {
         "latency" => {
             absent(SloField::Rate, "latency")?;
             let v = target(SloField::P999, "latency", "20ms")?;
-            SloClass::Latency {
-                p999_ns: parse_duration_ns(v).map_err(invalid(SloField::P999))?,
+            let p999_ns = parse_duration_ns(v).map_err(invalid(SloField::P999))?;
+            if !P999_RANGE_NS.contains(&p999_ns) {
+                return Err(SloRuleError::Invalid {
+                    field: SloField::P999,
+                    message: format!(
+                        "'{v}' is outside 10us..60s; pick a p99.9 target in that range, e.g. \"5ms\""
+                    ),
+                });
             }
+            SloClass::Latency { p999_ns }
         }
         "throughput" => {
             absent(SloField::P999, "throughput")?;
@@ -474,15 +660,22 @@ pub fn parse_slo(t: &SloText) -> Result<Slo, SloRuleError> {
     };
     let floor = rate(SloField::Floor)?;
     let ceiling = rate(SloField::Ceiling)?;
-    if let (Some(Rate::BytesPerSec(f)), Some(Rate::BytesPerSec(c)))
-    | (Some(Rate::IosPerSec(f)), Some(Rate::IosPerSec(c))) = (floor, ceiling)
-    {
-        if f > c {
-            return Err(SloRuleError::FloorAboveCeiling);
+    // A floor under the minimum cap is fine (the minimum applies anyway); a ceiling is not.
+    match (floor, ceiling) {
+        (_, Some(Rate::IosPerSec(_))) => return Err(SloRuleError::CeilingNotBytes),
+        (_, Some(Rate::BytesPerSec(c))) if c < MIN_CAP_BPS => {
+            return Err(SloRuleError::CeilingBelowMinimum)
         }
+        (Some(Rate::IosPerSec(_)), Some(Rate::BytesPerSec(_))) => {
+            return Err(SloRuleError::FloorCeilingUnits)
+        }
+        (Some(Rate::BytesPerSec(f)), Some(Rate::BytesPerSec(c))) if f > c => {
+            return Err(SloRuleError::FloorAboveCeiling)
+        }
+        _ => {}
     }
     let weight = match t.weight {
-        Some(w) if !(1..=10000).contains(&w) => return Err(SloRuleError::WeightOutOfRange(w)),
+        Some(w) if !WEIGHT_RANGE.contains(&w) => return Err(SloRuleError::WeightOutOfRange(w)),
         w => w.map(|w| w as u32),
     };
     Ok(Slo {
@@ -493,33 +686,103 @@ pub fn parse_slo(t: &SloText) -> Result<Slo, SloRuleError> {
     })
 }
 
+impl LabelPolicy {
+    /// The `[labels]` section, by the services' parsers and errors; `err` places a message
+    /// on the line of a span.
+    fn parse(
+        raw: RawLabels,
+        err: &impl Fn(Range<usize>, String) -> ConfigError,
+    ) -> Result<LabelPolicy, ConfigError> {
+        let mut policy = LabelPolicy::default();
+        if let Some(enabled) = raw.enabled {
+            policy.enabled = enabled;
+        }
+        if let Some(v) = &raw.min_p999 {
+            let text = v.get_ref();
+            let ns = parse_duration_ns(text)
+                .map_err(|m| err(v.span(), format!("[labels] min_p999: {m}")))?;
+            if !P999_RANGE_NS.contains(&ns) {
+                return Err(err(
+                    v.span(),
+                    format!("[labels] min_p999 '{text}' is outside 10us..60s; pick a bound in that range, e.g. \"1ms\""),
+                ));
+            }
+            policy.min_p999_ns = ns;
+        }
+        if let Some(v) = &raw.max_rate {
+            match parse_rate(v.get_ref())
+                .map_err(|m| err(v.span(), format!("[labels] max_rate: {m}")))?
+            {
+                Rate::BytesPerSec(bps) => policy.max_rate_bps = Some(bps),
+                Rate::IosPerSec(_) => {
+                    return Err(err(
+                        v.span(),
+                        "[labels] max_rate must be in bytes per second; write e.g. max_rate = \"1GB/s\"".into(),
+                    ))
+                }
+            }
+        }
+        if let Some(v) = &raw.max_weight {
+            let w = *v.get_ref();
+            if !WEIGHT_RANGE.contains(&w) {
+                return Err(err(
+                    v.span(),
+                    format!("[labels] max_weight {w} is outside 1..10000; pick a weight in that range"),
+                ));
+            }
+            policy.max_weight = w as u32;
+        }
+        if let Some(classes) = &raw.classes {
+            policy.classes = classes
+                .iter()
+                .map(|c| {
+                    CLASSES
+                        .into_iter()
+                        .find(|&k| k == c.get_ref())
+                        .ok_or_else(|| {
+                            err(
+                                c.span(),
+                                format!(
+                                    "[labels] classes: unknown class '{}'; use latency, throughput or best-effort",
+                                    c.get_ref()
+                                ),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(policy)
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the config ({e}); check the --config path"),
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(
+                &path.display().to_string(),
+                0,
+                &format!("cannot read the config ({e}); check the --config path"),
+            )
         })?;
         Config::parse(&path.display().to_string(), &text)
     }
 
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let err = |span: Range<usize>, message: String| ConfigError {
-            file: file.to_string(),
-            line: line_of(text, span.start),
-            message,
+        let err = |span: Range<usize>, message: String| {
+            ConfigError::new(file, line_of(text, span.start), &message)
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
-            ConfigError {
-                file: file.to_string(),
-                line,
-                message: format!(
-                    "{}; see docs/config.md for the keys",
-                    e.message().trim().replace('\n', " ")
-                ),
-            }
+            let message = format!(
+                "{}; see docs/config.md for the keys",
+                e.message().trim().replace('\n', " ")
+            );
+            ConfigError::new(file, line, &message)
         })?;
+        let labels = match raw.labels {
+            Some(l) => LabelPolicy::parse(l, &err)?,
+            None => LabelPolicy::default(),
+        };
         let mut services = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
         for s in raw.service {
@@ -606,7 +869,7 @@ impl Config {
                 match_line,
             });
         }
-        Ok(Config { services })
+        Ok(Config { services, labels })
     }
 
     /// Checks the globs against the cgroups that exist now: each must match one, and no
@@ -629,29 +892,29 @@ impl Config {
                 any = true;
                 if let Some(&j) = owner.get(p) {
                     let other = &self.services[j];
-                    return Err(ConfigError {
-                        file: file.into(),
-                        line: s.match_line,
-                        message: format!(
+                    return Err(ConfigError::new(
+                        file,
+                        s.match_line,
+                        &format!(
                             "cgroup {p} is claimed by service '{}' (line {}) and '{}'; narrow one of the globs",
                             other.name, other.match_line, s.name
                         ),
-                    });
+                    ));
                 }
                 owner.insert(p, i);
             }
             // Containers, units and pods come and go: a service of owners may match
             // nothing yet. A cgroup glob names a path the operator controls.
             if !any && !s.matchers.iter().any(Matcher::is_owner) {
-                return Err(ConfigError {
-                    file: file.into(),
-                    line: s.match_line,
-                    message: format!(
+                return Err(ConfigError::new(
+                    file,
+                    s.match_line,
+                    &format!(
                         "{} of service '{}' matches no cgroup; create the cgroup first or fix the glob",
                         s.describe_matchers(),
                         s.name
                     ),
-                });
+                ));
             }
         }
         Ok(())
@@ -773,7 +1036,7 @@ floor = "20MB/s"
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='fast'\n", 4, "unknown class"),
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nweight=0\n", 5, "outside 1..10000"),
             ("[[service]]\nname='a'\ncgroup='/a['\nclass='best-effort'\n", 3, "invalid"),
-            ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nfloor='9MB/s'\nceiling='1MB/s'\n", 5, "floor is above ceiling"),
+            ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\nfloor='90MB/s'\nceiling='10MB/s'\n", 5, "floor is above ceiling"),
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='best-effort'\n[[service]]\nname='a'\ncgroup='/b'\nclass='best-effort'\n", 6, "defined twice"),
             ("[[service]]\nname='a'\ncgroup='/a'\nclass='latency'\np999='5'\n", 5, "no unit"),
             ("[[service]]\nname='a'\nclass='best-effort'\n", 2, "matches nothing; add cgroup"),
@@ -895,5 +1158,351 @@ floor = "20MB/s"
         assert_eq!(parse_rate("800KB/s"), Ok(Rate::BytesPerSec(800_000)));
         assert_eq!(parse_rate("2MiB/s"), Ok(Rate::BytesPerSec(2 << 20)));
         assert!(parse_rate("5 furlongs").is_err());
+    }
+
+    #[test]
+    fn no_rounding_to_zero_and_no_saturation() {
+        assert_eq!(parse_duration_ns("0.5ns"), Ok(1));
+        assert!(parse_duration_ns("0.4ns").unwrap_err().contains("less than 1ns"));
+        assert!(parse_duration_ns("99999999999s").unwrap_err().contains("584 years"));
+        assert!(parse_duration_ns(&format!("{}ns", "9".repeat(400)))
+            .unwrap_err()
+            .contains("584 years"));
+        assert_eq!(parse_rate("1B/s"), Ok(Rate::BytesPerSec(1)));
+        assert!(parse_rate("0.1B/s").unwrap_err().contains("less than 1 byte"));
+        assert!(parse_rate("0.4iops").unwrap_err().contains("less than 1 I/O"));
+        assert_eq!(parse_rate("1000000GB/s"), Ok(Rate::BytesPerSec(MAX_RATE_BPS)));
+        assert!(parse_rate("99999999999GB/s").unwrap_err().contains("1PB/s"));
+        assert_eq!(parse_rate("1000000000iops"), Ok(Rate::IosPerSec(MAX_RATE_IOPS)));
+        assert!(parse_rate("1000000001iops").unwrap_err().contains("beyond any disk"));
+        for text in ["20ms", "1s", "10us", "1ns", "1500ms"] {
+            assert_eq!(duration_text(parse_duration_ns(text).unwrap()), text);
+        }
+        for text in ["1GB/s", "1MiB/s", "1500KB/s", "3B/s", "2GiB/s"] {
+            assert_eq!(
+                parse_rate(text).map(|r| bytes_rate_text(match r {
+                    Rate::BytesPerSec(b) => b,
+                    Rate::IosPerSec(_) => 0,
+                })),
+                Ok(text.to_string())
+            );
+        }
+    }
+
+    /// One service with the given SLO lines, for the cases below.
+    fn service(slo: &str) -> Result<Config, ConfigError> {
+        parse(&format!("[[service]]\nname='a'\ncgroup='/a'\n{slo}"))
+    }
+
+    #[test]
+    fn slo_ranges() {
+        for (slo, line, needle) in [
+            ("class='latency'\np999='9us'\n", 5, "outside 10us..60s"),
+            ("class='latency'\np999='61s'\n", 5, "outside 10us..60s"),
+            ("class='latency'\np999='0.4ns'\n", 5, "less than 1ns"),
+            ("class='latency'\np999='99999999999s'\n", 5, "584 years"),
+            ("class='throughput'\nrate='99999999999GB/s'\n", 5, "1PB/s"),
+            ("class='throughput'\nrate='0.1B/s'\n", 5, "less than 1 byte"),
+            ("class='best-effort'\nfloor='0.4iops'\n", 5, "less than 1 I/O"),
+            (
+                "class='best-effort'\nceiling='100iops'\n",
+                5,
+                "ceiling must be in bytes per second; write e.g. ceiling = \"200MB/s\"",
+            ),
+            ("class='best-effort'\nceiling='500KB/s'\n", 5, "below 1MiB/s"),
+            (
+                "class='best-effort'\nfloor='500iops'\nceiling='10MB/s'\n",
+                5,
+                "floor and ceiling must be in the same unit to be compared",
+            ),
+            (
+                "class='best-effort'\nfloor='10MB/s'\nceiling='100iops'\n",
+                6,
+                "ceiling must be in bytes per second",
+            ),
+            ("class='best-effort'\nweight=10001\n", 5, "outside 1..10000"),
+        ] {
+            let e = service(slo).unwrap_err();
+            assert_eq!(e.line, line, "{slo}: {e}");
+            assert!(e.message.contains(needle), "{slo}: {e} lacks {needle}");
+        }
+        // The bounds themselves, and a floor under the minimum cap (the minimum applies).
+        for slo in [
+            "class='latency'\np999='10us'\n",
+            "class='latency'\np999='60s'\n",
+            "class='best-effort'\nfloor='1B/s'\nceiling='1MiB/s'\n",
+            "class='best-effort'\nfloor='1iops'\nweight=10000\n",
+        ] {
+            service(slo).unwrap_or_else(|e| panic!("{slo}: {e}"));
+        }
+    }
+
+    #[test]
+    fn label_policy_section() {
+        let c = parse(
+            "[labels]\nenabled = false\nmin_p999 = \"5ms\"\nmax_rate = \"1GB/s\"\nmax_weight = 1000\nclasses = [\"latency\", \"best-effort\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.labels,
+            LabelPolicy {
+                enabled: false,
+                min_p999_ns: 5_000_000,
+                max_rate_bps: Some(1_000_000_000),
+                max_weight: 1000,
+                classes: vec!["latency", "best-effort"],
+            }
+        );
+        assert_eq!(parse("").unwrap().labels, LabelPolicy::default());
+        assert_eq!(LabelPolicy::default().min_p999_ns, 1_000_000);
+        for (text, line, needle) in [
+            ("[labels]\nmin_p99 = '1ms'\n", 2, "unknown field `min_p99`"),
+            ("[labels]\nmin_p999 = '1us'\n", 2, "[labels] min_p999 '1us' is outside 10us..60s"),
+            ("[labels]\n\nmin_p999 = '1 parsec'\n", 3, "[labels] min_p999: unknown unit"),
+            ("[labels]\nmax_rate = '100iops'\n", 2, "max_rate must be in bytes per second"),
+            ("[labels]\nmax_rate = '99999999999GB/s'\n", 2, "1PB/s"),
+            ("[labels]\nmax_weight = 0\n", 2, "outside 1..10000"),
+            ("[labels]\nclasses = ['latency', 'fast']\n", 2, "unknown class 'fast'"),
+            ("[labels]\nenabled = 'yes'\n", 2, "see docs/config.md"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.line, line, "{e}");
+            assert!(e.message.contains(needle), "{e} lacks {needle}");
+        }
+    }
+
+    #[test]
+    fn messages_stay_on_one_line() {
+        let e = service("class='latency'\np999=\"5\\nparsecs\"\n").unwrap_err();
+        assert!(!e.to_string().contains('\n'), "{e}");
+        assert!(e.message.contains("'5\\nparsecs'"), "{e}");
+        assert_eq!(one_line("a\tb\nc"), "a\\tb\\nc");
+    }
+
+    mod props {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn budget(cases: u32) -> ProptestConfig {
+            ProptestConfig {
+                cases,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        /// `s` as a TOML basic string.
+        fn toml_str(s: &str) -> String {
+            let mut out = String::from("\"");
+            for c in s.chars() {
+                match c {
+                    '"' | '\\' => out.extend(['\\', c]),
+                    c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+            out
+        }
+
+        /// A quantity, right or wrong: numbers of every size and sign, every unit and
+        /// some that are none.
+        fn quantity() -> impl Strategy<Value = String> {
+            let number = prop_oneof![
+                any::<f64>().prop_map(|v| v.to_string()),
+                any::<i64>().prop_map(|v| v.to_string()),
+                any::<u64>().prop_map(|v| v.to_string()),
+                (0u32..100_000).prop_map(|v| v.to_string()),
+                (0.0..2.0f64).prop_map(|v| v.to_string()),
+                prop::sample::select(vec![
+                    "0", "0.4", "0.5", "1", "-1", "1e20", "1e-300", "99999999999", "18446744073709551616",
+                    "1000000", "1000000000", "NaN", "inf", "-0", ".", "1.5.5", "", "+5", "--1", "١",
+                ])
+                .prop_map(str::to_string),
+            ];
+            let unit = prop::sample::select(vec![
+                "", "ns", "us", "µs", "ms", "s", "B/s", "KB/s", "kB/s", "MB/s", "GB/s", "KiB/s", "MiB/s",
+                "GiB/s", "iops", "IOPS", " ms", "h", "PB/s", "é", "\u{202e}", "\n", "ms ",
+            ]);
+            (number, unit).prop_map(|(n, u)| toml_str(&format!("{n}{u}")))
+        }
+
+        /// Any value a key could be given: a quantity, a class, a glob, another TOML type,
+        /// any text.
+        fn any_value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                quantity(),
+                prop::sample::select(vec![
+                    "\"latency\"", "\"throughput\"", "\"best-effort\"", "\"/a\"", "\"/b/*\"", "\"[\"", "\"\"",
+                    "\"tier=db\"", "\"=x\"", "true", "false", "3", "-3", "0", "10000", "10001",
+                    "99999999999999999999", "[]", "[\"latency\", \"x\"]", "{}", "\"\\n\"", "\"\\u0000\"",
+                ])
+                .prop_map(str::to_string),
+                any::<i64>().prop_map(|v| v.to_string()),
+                any::<String>().prop_map(|s| toml_str(&s)),
+            ]
+        }
+
+        /// A value for `key`, mostly of the type the key takes.
+        fn value_for(key: &'static str) -> BoxedStrategy<String> {
+            let typed = match key {
+                "p999" | "rate" | "floor" | "ceiling" | "min_p999" | "max_rate" => quantity().boxed(),
+                "class" => prop::sample::select(vec!["latency", "throughput", "best-effort", "latency", "fast"])
+                    .prop_map(toml_str)
+                    .boxed(),
+                "weight" | "max_weight" => prop_oneof![any::<i64>(), -2i64..10_003].prop_map(|w| w.to_string()).boxed(),
+                "enabled" => any::<bool>().prop_map(|b| b.to_string()).boxed(),
+                "classes" => prop::collection::vec(
+                    prop::sample::select(vec!["latency", "throughput", "best-effort", "x"]),
+                    0..4,
+                )
+                .prop_map(|c| format!("[{}]", c.into_iter().map(toml_str).collect::<Vec<_>>().join(", ")))
+                .boxed(),
+                _ => prop_oneof![
+                    prop::sample::select(vec!["/s", "s*", "/[", "tier=db", "=x", "", " ", "/a/**/b"]).prop_map(toml_str),
+                    "\\PC{0,12}".prop_map(|s| toml_str(&s)),
+                ]
+                .boxed(),
+            };
+            prop_oneof![20 => typed, 1 => any_value()].boxed()
+        }
+
+        /// A table: `base` lines, then keys of `keys` set to random values (a later one
+        /// replaces an earlier one: TOML forbids a key twice).
+        fn table(
+            base: Vec<(&'static str, String)>,
+            keys: &'static [&'static str],
+        ) -> impl Strategy<Value = String> {
+            let key = prop_oneof![200 => prop::sample::select(keys), 1 => Just("p99")];
+            let pair = key.prop_flat_map(|k| (Just(k), value_for(k)));
+            prop::collection::vec(pair, 0..6).prop_map(move |pairs| {
+                let mut t: BTreeMap<&str, String> = base.iter().cloned().collect();
+                t.extend(pairs);
+                t.into_iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+            })
+        }
+
+        const SERVICE_KEYS: &[&str] = &[
+            "name", "cgroup", "unit", "container", "pod", "image", "label", "class", "p999", "rate", "floor",
+            "ceiling", "weight", "p999", "floor", "ceiling", "class",
+        ];
+        const LABELS_KEYS: &[&str] = &["enabled", "min_p999", "max_rate", "max_weight", "classes"];
+
+        /// Near-valid configs: [[service]] tables (most with a valid name, matcher and
+        /// class, so that they reach the SLO rules) and a [labels] table.
+        fn near_valid_config() -> impl Strategy<Value = String> {
+            let service = (0..3usize, prop::bool::weighted(0.97)).prop_flat_map(|(i, valid_start)| {
+                let base = if valid_start {
+                    vec![
+                        ("name", toml_str(&format!("s{i}"))),
+                        ("cgroup", toml_str(&format!("/s{i}"))),
+                        ("class", toml_str("best-effort")),
+                    ]
+                } else {
+                    vec![]
+                };
+                table(base, SERVICE_KEYS).prop_map(|t| format!("[[service]]\n{t}"))
+            });
+            (
+                prop::collection::vec(service, 1..4),
+                prop::option::of(table(vec![], LABELS_KEYS)),
+            )
+                .prop_map(|(services, labels)| {
+                    let labels = labels.map(|l| format!("[labels]\n{l}")).unwrap_or_default();
+                    format!("{}{labels}", services.join("\n"))
+                })
+        }
+
+        fn check_config(text: &str) -> Result<(), TestCaseError> {
+            match Config::parse("c.toml", text) {
+                Ok(c) => {
+                    for s in &c.services {
+                        if let SloClass::Latency { p999_ns } = s.class {
+                            prop_assert!(P999_RANGE_NS.contains(&p999_ns));
+                        }
+                        if let Some(Rate::BytesPerSec(c)) = s.ceiling {
+                            prop_assert!(c >= MIN_CAP_BPS);
+                        }
+                        prop_assert!(!matches!(s.ceiling, Some(Rate::IosPerSec(_))));
+                        prop_assert!(s.weight.is_none_or(|w| (1..=10_000).contains(&w)));
+                    }
+                    prop_assert!(P999_RANGE_NS.contains(&c.labels.min_p999_ns));
+                }
+                Err(e) => {
+                    prop_assert!(!e.to_string().contains('\n'), "{e}");
+                    prop_assert!(e.to_string().starts_with("c.toml:"), "{e}");
+                }
+            }
+            Ok(())
+        }
+
+        fn rate_ok(r: Rate) -> bool {
+            match r {
+                Rate::BytesPerSec(b) => (1..=MAX_RATE_BPS).contains(&b),
+                Rate::IosPerSec(n) => (1..=MAX_RATE_IOPS).contains(&n),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(budget(2000))]
+
+            #[test]
+            fn config_of_any_text(text in any::<String>()) {
+                check_config(&text)?;
+            }
+
+            #[test]
+            fn config_of_near_valid_toml(text in near_valid_config()) {
+                check_config(&text)?;
+            }
+
+            #[test]
+            fn durations_and_rates_of_any_text(s in any::<String>()) {
+                if let Ok(ns) = parse_duration_ns(&s) {
+                    prop_assert!(ns > 0);
+                }
+                if let Ok(r) = parse_rate(&s) {
+                    prop_assert!(rate_ok(r), "{s}: {r:?}");
+                }
+            }
+
+            /// Numbers around every bound (0, 1 unit, 2^64, 1 PB/s, 1e9 IOPS) in every unit.
+            #[test]
+            fn durations_and_rates_near_the_bounds(
+                v in prop_oneof![
+                    any::<f64>().prop_map(f64::abs),
+                    0.0..2.0f64,
+                    (0.99..1.01f64).prop_map(|f| f * 1e15),
+                    (0.99..1.01f64).prop_map(|f| f * 1e9),
+                    (0.99..1.01f64).prop_map(|f| f * 18_446_744_073_709_551_616.0),
+                    (0.99..1.01f64).prop_map(|f| f * 1e-9),
+                ],
+                unit in prop::sample::select(vec![
+                    "ns", "us", "ms", "s", "B/s", "KB/s", "MB/s", "GB/s", "KiB/s", "MiB/s", "GiB/s", "iops",
+                ]),
+                exact in any::<bool>(),
+            ) {
+                // Both the shortest decimal and a long fixed one (no exponent: "1e20" is
+                // not a number to split_quantity).
+                let s = if exact { format!("{v:.30}{unit}") } else { format!("{v}{unit}") };
+                if let Ok(ns) = parse_duration_ns(&s) {
+                    prop_assert!(ns > 0, "{s}");
+                }
+                if let Ok(r) = parse_rate(&s) {
+                    prop_assert!(rate_ok(r), "{s}: {r:?}");
+                }
+            }
+
+            /// The texts [`duration_text`] and [`bytes_rate_text`] write parse back to
+            /// their value (they spell bounds in label errors).
+            #[test]
+            fn texts_parse_back(ns in P999_RANGE_NS, bps in 1..=MAX_RATE_BPS) {
+                prop_assert_eq!(parse_duration_ns(&duration_text(ns)), Ok(ns));
+                prop_assert_eq!(parse_rate(&bytes_rate_text(bps)), Ok(Rate::BytesPerSec(bps)));
+            }
+        }
     }
 }

@@ -210,20 +210,20 @@ impl Controller {
         let mut restart = vec![];
         for (sid, old) in &self.membership.targets {
             let new = new_targets.get(sid);
+            // A cgroup renamed within the service (same inode) is not lost.
             let lost: Vec<&Target> = old
                 .iter()
-                .filter(|t| new.is_none_or(|n| !n.contains(t)))
+                .filter(|t| new.is_none_or(|n| !n.iter().any(|n| n.ino == t.ino)))
                 .collect();
             // A service that is gone (a label service let go) starts over too.
             if lost.is_empty() && new.is_some() {
                 continue;
             }
+            // Whatever left the service gets its knobs back where it still exists (renamed
+            // away, no longer matched), and its journal entries closed where it does not.
             for t in lost {
-                let dir = hierarchy.dir_of(&t.path);
-                if ino(&t.path) != t.ino {
-                    for r in self.enforcer.release(&dir) {
-                        events.push(Event::restore("released", r));
-                    }
+                for r in self.enforcer.release(t.ino) {
+                    events.push(Event::restore("released", r));
                 }
             }
             restart.push(*sid);
@@ -242,7 +242,7 @@ impl Controller {
         // Weights of label services that just appeared (config ones are set at start).
         for sid in added {
             if sid >= self.config.services.len() {
-                events.extend(self.apply_weight(hierarchy, sid, cycle));
+                events.extend(self.apply_weight(sid, cycle));
             }
         }
         events
@@ -262,7 +262,7 @@ impl Controller {
             .collect();
         let mut wanted: HashMap<&str, ServiceSpec> = HashMap::new();
         for c in containers.iter() {
-            let labels = match labels::slo_from_labels(&c.labels) {
+            let labels = match labels::slo_from_labels(&c.labels, &self.config.labels) {
                 Ok(Some(slo)) => slo,
                 Ok(None) => continue,
                 Err(e) => {
@@ -382,13 +382,13 @@ impl Controller {
     }
 
     /// Writes configured weights once, at start.
-    pub fn apply_weights(&mut self, hierarchy: &IoHierarchy, cycle: u64) -> Vec<Event> {
+    pub fn apply_weights(&mut self, cycle: u64) -> Vec<Event> {
         (0..self.config.services.len())
-            .flat_map(|sid| self.apply_weight(hierarchy, sid, cycle))
+            .flat_map(|sid| self.apply_weight(sid, cycle))
             .collect()
     }
 
-    fn apply_weight(&mut self, hierarchy: &IoHierarchy, sid: ServiceId, cycle: u64) -> Vec<Event> {
+    fn apply_weight(&mut self, sid: ServiceId, cycle: u64) -> Vec<Event> {
         let Some(s) = self.spec(sid) else {
             return vec![];
         };
@@ -402,15 +402,14 @@ impl Controller {
             .get(&sid)
             .cloned()
             .unwrap_or_default();
-        let w = if self.enforcer.mode == crate::cgroupfs::CgroupMode::V1 {
+        let w = if self.enforcer.mode() == crate::cgroupfs::CgroupMode::V1 {
             w.min(1000)
         } else {
             w
         };
         let mut out = vec![];
         for t in targets {
-            let dir = hierarchy.dir_of(&t.path);
-            out.push(match self.enforcer.apply(&dir, Setting::Weight(w)) {
+            out.push(match self.enforcer.apply(&t.path, Setting::Weight(w)) {
                 Ok(c) => Event::Decision {
                     cycle,
                     policy: "config".into(),
@@ -560,7 +559,6 @@ impl Controller {
     /// Runs the policy on each device and enforces its decisions; returns the events.
     pub fn step(
         &mut self,
-        hierarchy: &IoHierarchy,
         cycles: &[DeviceCycle],
         disk_name: &mut dyn FnMut(u32) -> Option<String>,
     ) -> Vec<Event> {
@@ -596,7 +594,7 @@ impl Controller {
             let mut decisions = crate::policy::ceilings(d);
             decisions.extend(self.policy.decide(d));
             for dec in decisions {
-                events.extend(self.enforce(hierarchy, d, &dev, dec));
+                events.extend(self.enforce(d, &dev, dec));
             }
         }
         events
@@ -644,7 +642,6 @@ impl Controller {
 
     fn enforce(
         &mut self,
-        hierarchy: &IoHierarchy,
         d: &DeviceCycle,
         dev: &str,
         dec: crate::policy::Decision,
@@ -673,22 +670,21 @@ impl Controller {
             }
             return vec![];
         }
-        // Split the service's limit evenly over the cgroups its glob matches.
-        let per_cgroup = dec.to.map(|v| (v / targets.len() as u64).max(1));
+        let split = split_limit(dec.knob, dec.to, targets.len());
         let mut events = vec![];
         let mut ok = true;
         let mut old_text = None;
         let mut new_text = None;
-        for cg in &targets {
-            let dir = hierarchy.dir_of(cg);
-            match self.enforcer.apply(
-                &dir,
-                Setting::Limit {
-                    dev: d.dev,
-                    knob: dec.knob,
-                    value: per_cgroup,
-                },
-            ) {
+        let results = self.enforcer.apply_all(
+            &targets,
+            Setting::Limit {
+                dev: d.dev,
+                knob: dec.knob,
+                value: split.per_cgroup,
+            },
+        );
+        for (cg, r) in targets.iter().zip(results) {
+            match r {
                 Ok(c) => {
                     old_text.get_or_insert(c.old);
                     new_text.get_or_insert(c.new);
@@ -699,8 +695,15 @@ impl Controller {
                         EnforceError::CgroupGone(_) => "cgroup_gone",
                         EnforceError::Journal { .. } => "journal",
                         EnforceError::Partition { .. } => "partition",
+                        EnforceError::ChangedByOther { .. } => "changed_by_other",
                         _ => "write_rejected",
                     };
+                    // A knob someone else took is said once; the agent leaves it be.
+                    if code == "changed_by_other"
+                        && !self.reported.insert(format!("other:{cg}:{dev}:{}", dec.knob.name()))
+                    {
+                        continue;
+                    }
                     events.push(Event::Error {
                         code: code.into(),
                         message: format!(
@@ -710,6 +713,10 @@ impl Controller {
                     });
                 }
             }
+        }
+        let mut reason = dec.reason;
+        if let Some(note) = split.note {
+            reason = format!("{reason}; {note}");
         }
         if ok {
             st.limit.set(dec.knob, dec.to);
@@ -728,7 +735,7 @@ impl Controller {
                 old: old_text.unwrap_or_else(|| fmt(old)),
                 new: new_text.unwrap_or_else(|| fmt(dec.to)),
                 applied: ok && !self.enforcer.dry_run,
-                reason: dec.reason,
+                reason,
                 cause: Some(dec.cause),
             },
         );
@@ -742,6 +749,43 @@ impl Controller {
             .into_iter()
             .map(|r| Event::restore(reason, r))
             .collect()
+    }
+}
+
+/// A service's limit split evenly over its cgroups, never below the per-cgroup minimum
+/// (1 MiB/s, 10 IOPS): a throttled cgroup must still make progress, even when that puts the
+/// service's sum above its limit, which the decision then says.
+struct SplitLimit {
+    per_cgroup: Option<u64>,
+    note: Option<String>,
+}
+
+fn split_limit(knob: crate::policy::Knob, to: Option<u64>, cgroups: usize) -> SplitLimit {
+    use crate::policy::{Knob, MIN_CAP_BPS, MIN_CAP_IOPS};
+    let Some(total) = to else {
+        return SplitLimit {
+            per_cgroup: None,
+            note: None,
+        };
+    };
+    let n = cgroups.max(1) as u64;
+    let (min, unit) = match knob {
+        Knob::Rbps | Knob::Wbps => (MIN_CAP_BPS, "B/s"),
+        Knob::Riops | Knob::Wiops => (MIN_CAP_IOPS, "IOPS"),
+    };
+    let even = total / n;
+    if even >= min {
+        return SplitLimit {
+            per_cgroup: Some(even),
+            note: None,
+        };
+    }
+    SplitLimit {
+        per_cgroup: Some(min),
+        note: Some(format!(
+            "split over {n} cgroups at the minimum of {min} {unit} each ({} {unit} in all, above the {total} {unit} decided)",
+            min * n
+        )),
     }
 }
 
@@ -777,7 +821,7 @@ mod tests {
         )
         .unwrap();
         let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
-        let mut c = Controller::new(config, policy, Enforcer::new(CgroupMode::V1, None));
+        let mut c = Controller::new(config, policy, Enforcer::new(hierarchy.clone(), None));
         let id = |n: u8| format!("{n:064x}");
         let info = |n: u8, name: &str, labels: &[(&str, &str)], running: bool| ContainerInfo {
             id: id(n),
@@ -829,5 +873,21 @@ mod tests {
         let ev = c.refresh(&hierarchy, &paths, &table, 4);
         assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
         assert_eq!(c.labelled.keys().copied().collect::<Vec<_>>(), [2]);
+    }
+
+    #[test]
+    fn a_split_limit_never_goes_below_the_minimum_per_cgroup() {
+        use crate::policy::{Knob, MIN_CAP_BPS, MIN_CAP_IOPS};
+        // 10 MB/s over 20 cgroups would be 500 kB/s each.
+        let s = split_limit(Knob::Wbps, Some(10_000_000), 20);
+        assert_eq!(s.per_cgroup, Some(MIN_CAP_BPS));
+        let note = s.note.unwrap();
+        assert!(note.contains("20 cgroups") && note.contains("minimum"), "{note}");
+        let s = split_limit(Knob::Riops, Some(100), 20);
+        assert_eq!(s.per_cgroup, Some(MIN_CAP_IOPS));
+        // An even split above the minimum is exact, and unlimited stays unlimited.
+        let s = split_limit(Knob::Rbps, Some(100 << 20), 4);
+        assert_eq!((s.per_cgroup, s.note), (Some(25 << 20), None));
+        assert_eq!(split_limit(Knob::Rbps, None, 4).per_cgroup, None);
     }
 }

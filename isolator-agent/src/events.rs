@@ -1,12 +1,7 @@
 //! The event stream: one JSON object per line (NDJSON). Its schema is documented in
 //! docs/events.md; bump [`SCHEMA_VERSION`] on any incompatible change.
 
-use std::{
-    fs::OpenOptions,
-    io::{self, BufWriter, Write},
-    path::Path,
-    time::SystemTime,
-};
+use std::{io::Write, path::Path, time::SystemTime};
 
 use serde::Serialize;
 
@@ -15,6 +10,8 @@ use crate::{
     docker::ContainerTable,
     metrics::OpStats,
     naming::{self, QosClass, Runtime, ServiceKind},
+    output::{Notice, Output, Target},
+    private_file::PrivateFileError,
     stream::{ReplayRole, StreamServer},
 };
 
@@ -170,6 +167,8 @@ pub enum Event {
         collect_us: u64,
         /// Containers Docker reported that exist now (null: Docker off).
         docker_containers: Option<usize>,
+        /// Events the output (stdout or --json) did not keep up with and lost, since start.
+        events_dropped: u64,
         /// Disks with I/O this cycle and how busy they were.
         disks: Vec<DiskCycle>,
         /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
@@ -225,6 +224,9 @@ pub enum Event {
         knob: String,
         value: String,
         result: String,
+        /// What the knob held instead (`changed_by_other`): left as it is.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        current: Option<String>,
     },
     Warning {
         code: String,
@@ -266,6 +268,7 @@ impl Event {
             knob: r.knob,
             value: r.value,
             result: r.result,
+            current: r.current,
         }
     }
 }
@@ -288,17 +291,29 @@ pub struct DiskCycle {
 }
 
 /// Writes events as NDJSON, and to the readers of the event socket when one is served.
+/// Emitting never fails and never blocks: the output has a writer thread of its own (see
+/// [`crate::output`]), and what happens to it comes back as warning events.
 pub struct NdjsonSink {
-    out: Box<dyn Write + Send>,
+    out: Output,
     socket: Option<StreamServer>,
 }
 
 impl NdjsonSink {
     pub fn stdout() -> Self {
-        NdjsonSink::to_writer(Box::new(BufWriter::new(io::stdout())))
+        NdjsonSink::new(Output::start(Target::Stdout).expect("stdout needs no checks"))
     }
 
     pub fn to_writer(out: Box<dyn Write + Send>) -> Self {
+        NdjsonSink::new(Output::start(Target::Writer(out)).expect("a writer needs no checks"))
+    }
+
+    /// Appends to `path`, created 0600, never through a symbolic link (see
+    /// [`crate::private_file`]).
+    pub fn file(path: &Path) -> Result<Self, PrivateFileError> {
+        Ok(NdjsonSink::new(Output::start(Target::File(path.to_path_buf()))?))
+    }
+
+    fn new(out: Output) -> Self {
         NdjsonSink { out, socket: None }
     }
 
@@ -312,27 +327,75 @@ impl NdjsonSink {
         self.socket = Some(socket);
     }
 
-    pub fn file(path: &Path) -> io::Result<Self> {
-        let f = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(NdjsonSink::to_writer(Box::new(BufWriter::new(f))))
+    pub fn emit(&mut self, event: &Event) {
+        self.write(event);
+        self.report_output();
     }
 
-    pub fn emit(&mut self, event: &Event) -> io::Result<()> {
+    fn write(&mut self, event: &Event) {
         let env = Envelope {
             schema: SCHEMA_VERSION,
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             event,
         };
-        let line = serde_json::to_string(&env)?;
-        self.out.write_all(line.as_bytes())?;
-        self.out.write_all(b"\n")?;
+        let line = match serde_json::to_string(&env) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "an event could not be serialized");
+                return;
+            }
+        };
         if let Some(s) = &self.socket {
-            s.publish(event.replay_role(), line.into());
+            s.publish(event.replay_role(), line.as_str().into());
         }
-        Ok(())
+        self.out.send(line);
     }
 
-    pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+    /// Says what happened to the output since last time: on stderr, and as an event (to
+    /// the socket, and to the output itself, which takes it once it works again).
+    fn report_output(&mut self) {
+        for n in self.out.notices() {
+            let (code, message) = match n {
+                Notice::Failed { output, error } => (
+                    "output_failed",
+                    format!("cannot write events to {output} ({error}); the agent keeps controlling, and says when writing works again"),
+                ),
+                Notice::Stalled { output } => (
+                    "output_stalled",
+                    format!("{output} does not take events as fast as they come (a reader that stopped reading?); events are dropped until it does, the agent keeps controlling"),
+                ),
+                Notice::Recovered { output, dropped } => (
+                    "output_recovered",
+                    format!("writing events to {output} works again; {dropped} event(s) were lost meanwhile"),
+                ),
+            };
+            tracing::warn!(code, "{message}");
+            self.write(&Event::Warning {
+                code: code.into(),
+                message,
+            });
+        }
+    }
+
+    /// Lines dropped because the output did not keep up, since start.
+    pub fn dropped(&self) -> u64 {
+        self.out.dropped()
+    }
+
+    /// Reports output faults seen since the last event.
+    pub fn flush(&mut self) {
+        self.report_output();
+    }
+
+    /// Opens the --json file again (SIGHUP, after logrotate moved it).
+    pub fn reopen(&mut self) {
+        self.out.reopen();
+    }
+
+    /// At stop: waits at most `timeout` for the output to take every event.
+    pub fn drain(&mut self, timeout: std::time::Duration) -> bool {
+        let ok = self.out.drain(timeout);
+        self.report_output();
+        ok
     }
 }

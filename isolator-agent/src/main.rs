@@ -2,8 +2,10 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use isolator::{
-    agent, check,
-    enforcer::{Journal, DEFAULT_JOURNAL_DIR},
+    agent,
+    cgroupfs::IoHierarchy,
+    check,
+    enforcer::{Enforcer, HostLock, Journal, DEFAULT_JOURNAL_DIR},
     probe::DEFAULT_BTF,
     top::{self, TopOptions},
 };
@@ -78,8 +80,10 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Top(_)) {
         let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        use std::io::IsTerminal;
         tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .init();
     }
@@ -111,17 +115,26 @@ fn main() -> ExitCode {
     }
 }
 
-/// `isolator restore`: one line per knob put back.
+/// `isolator restore`: one line per knob put back (where it still holds what the agent
+/// wrote). Refused while an agent enforces: its limits are its own to put back.
 fn restore(dir: &std::path::Path) -> anyhow::Result<()> {
     if !dir.join("journal.json").exists() {
         println!("nothing to restore: no journal in {}", dir.display());
         return Ok(());
     }
-    let mut j = Journal::open(dir)?;
-    let results = j.recover()?;
+    let hierarchy = IoHierarchy::detect()?;
+    let lock = HostLock::acquire(&hierarchy.root)
+        .map_err(|e| anyhow::anyhow!("{e}; stop the running agent, which restores its limits itself"))?;
+    let mut enforcer = Enforcer::new(hierarchy, Some(Journal::open(dir)?)).with_host_lock(lock);
+    let results = enforcer.recover()?;
     let mut failed = 0;
     for r in &results {
-        println!("{}: {} -> {} ({})", r.file, r.knob, r.value, r.result);
+        let now = r
+            .current
+            .as_deref()
+            .map(|c| format!(", left at {c}"))
+            .unwrap_or_default();
+        println!("{}: {} -> {} ({}{now})", r.file, r.knob, r.value, r.result);
         failed += r.result.starts_with("failed") as usize;
     }
     if failed > 0 {

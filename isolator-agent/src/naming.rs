@@ -305,4 +305,93 @@ mod tests {
         let n = container(&format!("/k8s.io/{ID}"));
         assert_eq!(n.runtime, None);
     }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// Path components the parsers look for, right and nearly right, and any text.
+        fn component() -> impl Strategy<Value = String> {
+            let hex = "[0-9a-f]{64}";
+            let uid = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}";
+            // Pod UIDs as odd as a path may hold them: right length, any characters.
+            let odd_uid = "[-_0-9a-fA-Zé/.\\PC]{30,40}";
+            prop_oneof![
+                hex.prop_map(|id| format!("docker-{id}.scope")),
+                (prop::sample::select(vec!["docker-", "cri-containerd-", "crio-", "libpod-", "crio-conmon-", ""]), "[0-9a-fA-F]{60,66}", prop::sample::select(vec![".scope", "", ".slice"]))
+                    .prop_map(|(p, id, s)| format!("{p}{id}{s}")),
+                hex.prop_map(|id| id.to_string()),
+                (prop::sample::select(vec!["kubepods-", "kubepods-burstable-", "kubepods-besteffort-", "x-"]), prop_oneof![uid, odd_uid])
+                    .prop_map(|(p, u)| format!("{p}pod{}.slice", u.replace('-', "_"))),
+                prop_oneof![uid, odd_uid].prop_map(|u| format!("pod{u}")),
+                prop::sample::select(vec![
+                    "kubepods", "kubepods.slice", "burstable", "besteffort", "docker", "system.slice",
+                    "pg.service", ".scope", "-pod.slice", "pod", "", ".", "..",
+                ])
+                .prop_map(str::to_string),
+                "\\PC{0,20}",
+            ]
+        }
+
+        fn check(path: &str) -> Result<(), TestCaseError> {
+            let n = name_path(path);
+            match n.kind {
+                ServiceKind::Container => {
+                    let id = n.id.as_deref().unwrap_or_default();
+                    prop_assert!(is_container_id(id), "{path}: {n:?}");
+                    prop_assert_eq!(&n.name, &id[..12]);
+                }
+                ServiceKind::Pod => {
+                    let uid = n.id.as_deref().unwrap_or_default();
+                    prop_assert_eq!(uid.len(), 36, "{}: {:?}", path, n);
+                    prop_assert_eq!(n.pod.as_ref().map(|p| p.uid.as_str()), Some(uid));
+                }
+                ServiceKind::Unit => prop_assert!(n.id.is_some()),
+                ServiceKind::Cgroup => prop_assert!(n.id.is_none()),
+            }
+            if let Some(p) = &n.pod {
+                prop_assert!(p.uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'), "{path}");
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 2000,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn name_of_any_path(path in any::<String>()) {
+                check(&path)?;
+            }
+
+            #[test]
+            fn name_of_cgroup_like_paths(parts in prop::collection::vec(component(), 0..6), lead in any::<bool>()) {
+                let path = format!("{}{}", if lead { "/" } else { "" }, parts.join("/"));
+                check(&path)?;
+            }
+
+            /// What a runtime writes is named a container of that id, at any depth.
+            #[test]
+            fn container_scopes_are_containers(
+                id in "[0-9a-f]{64}",
+                above in prop::collection::vec("[a-z.-]{1,12}", 0..4),
+                rt in prop::sample::select(vec![
+                    ("docker-", Runtime::Docker),
+                    ("cri-containerd-", Runtime::Containerd),
+                    ("crio-", Runtime::Crio),
+                    ("libpod-", Runtime::Podman),
+                ]),
+            ) {
+                let path = format!("/{}/{}{id}.scope", above.join("/"), rt.0);
+                let n = name_path(&path);
+                prop_assert_eq!(n.kind, ServiceKind::Container, "{}", path);
+                prop_assert_eq!(n.id.as_deref(), Some(id.as_str()));
+                prop_assert_eq!(n.runtime, Some(rt.1));
+            }
+        }
+    }
 }

@@ -117,8 +117,10 @@ impl StreamServer {
             },
             Err(_) => {}
         }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| StreamError::Io(shown.clone(), e))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // Private like the journal it usually shares (/run/isolator).
+            crate::private_file::create_dir(dir)
+                .map_err(|e| StreamError::Io(shown.clone(), io::Error::other(e.to_string())))?;
         }
         // Created 0600 (umask) so no other user can connect before the chmod.
         // SAFETY: umask only swaps the process's file mode mask.
@@ -176,20 +178,58 @@ impl Drop for StreamServer {
     }
 }
 
+/// After a failed accept (EMFILE, ENFILE, ENOMEM: out of descriptors or memory), wait
+/// before the next one: the error stays until something is freed, and retrying at once
+/// would spin.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(200);
+
 async fn accept_readers(listener: UnixListener, shared: Arc<Mutex<Shared>>) {
+    accept_with_backoff(
+        || listener.accept(),
+        |stream| add_reader(stream, &shared),
+    )
+    .await
+}
+
+/// Accepts until `add` says stop; failures are logged once per run of them.
+async fn accept_with_backoff<S, F, Fut>(mut accept: F, mut add: impl FnMut(S) -> bool)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = io::Result<(S, tokio::net::unix::SocketAddr)>>,
+{
+    let mut failing = false;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
+        match accept().await {
+            Ok((stream, _)) => {
+                failing = false;
+                if !add(stream) {
+                    return;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    failing = true;
+                    tracing::warn!(error = %e, "event socket: cannot accept readers; retrying every {}ms", ACCEPT_BACKOFF.as_millis());
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Starts serving one reader; false once the server is shutting down.
+fn add_reader(stream: tokio::net::UnixStream, shared: &Mutex<Shared>) -> bool {
+    {
         let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
         let Some(rx) = s.tx.as_ref().map(|t| t.subscribe()) else {
-            return;
+            return false;
         };
         let lines = s.replay.lines();
         s.readers.retain(|r| !r.is_finished());
         s.readers
             .push(tokio::spawn(serve_reader(stream, lines, rx)));
     }
+    true
 }
 
 async fn serve_reader(
@@ -272,5 +312,26 @@ mod tests {
         assert_eq!(lines.next_line().await.unwrap(), None);
         assert!(!path.exists(), "the socket is removed when the agent stops");
         let _ = std::fs::remove_dir(&dir);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_accept_backs_off_instead_of_spinning() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let tries = Arc::new(AtomicU32::new(0));
+        let t = tries.clone();
+        let accept = move || {
+            let t = t.clone();
+            async move {
+                t.fetch_add(1, Ordering::Relaxed);
+                Err::<((), tokio::net::unix::SocketAddr), _>(io::Error::from_raw_os_error(
+                    libc::EMFILE,
+                ))
+            }
+        };
+        let run = accept_with_backoff(accept, |_| true);
+        // Ten seconds of (virtual) time out of descriptors.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), run).await;
+        let n = tries.load(Ordering::Relaxed);
+        assert!((40..=60).contains(&n), "{n} accepts in 10 s");
     }
 }

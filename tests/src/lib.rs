@@ -191,6 +191,56 @@ impl Drop for TestCgroup {
     }
 }
 
+/// A cgroup's read-bandwidth limit on one device, in either cgroup mode: the knob the
+/// tests of what the agent writes and puts back look at.
+impl TestCgroup {
+    fn rbps_file(&self) -> PathBuf {
+        self.dir.join(if self.v2 {
+            "io.max"
+        } else {
+            "blkio.throttle.read_bps_device"
+        })
+    }
+
+    /// The limit as the kernel shows it: a number, or "max" (v2) / "0" (v1) for none.
+    pub fn rbps(&self, dev: &str) -> String {
+        let text = std::fs::read_to_string(self.rbps_file()).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(dev));
+        if self.v2 {
+            line.and_then(|l| {
+                l.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("rbps="))
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| "max".into())
+        } else {
+            line.and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+                .unwrap_or_else(|| "0".into())
+        }
+    }
+
+    /// Sets the limit as an operator would (`echo ... > file`).
+    pub fn set_rbps(&self, dev: &str, value: &str) {
+        let line = if self.v2 {
+            format!("{dev} rbps={value}\n")
+        } else {
+            format!("{dev} {value}\n")
+        };
+        std::fs::write(self.rbps_file(), line).unwrap();
+    }
+
+    /// "No limit", as this mode spells it.
+    pub fn unlimited(&self) -> &'static str {
+        if self.v2 {
+            "max"
+        } else {
+            "0"
+        }
+    }
+}
+
 /// (read, write + discard) bytes of `dev` in a cgroup v2 io.stat text.
 pub fn io_stat_bytes(stat: &str, dev: &str) -> Option<(u64, u64)> {
     for line in stat.lines() {
@@ -293,11 +343,17 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(extra: &[&str]) -> Self {
+        Agent::start_with_env(extra, &[])
+    }
+
+    /// As [`Agent::start`], with environment variables for the agent.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let scratch = Scratch::new();
         let events = scratch.path("events.ndjson");
         let mut cmd = Command::new(isolator_bin());
         cmd.args(["run", "--json", events.to_str().unwrap()])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let child = cmd.spawn().expect("spawn isolator run");
@@ -363,6 +419,38 @@ impl Agent {
             |e| e["type"] == "cycle_end" && e["cycle"].as_u64().unwrap() >= last + n,
             Duration::from_secs(30 + 12 * n),
         );
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("agent running").id() as i32
+    }
+
+    /// Sends `sig` and returns at once.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Whether the agent process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Waits for the agent to end by itself; its exit status and stderr.
+    pub fn wait_exit(&mut self, timeout: Duration) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + timeout;
+        while self.running() {
+            assert!(Instant::now() < deadline, "the agent did not end");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let child = self.child.take().expect("agent");
+        let out = child.wait_with_output().expect("wait for agent");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// SIGKILL, as a crash would.

@@ -333,7 +333,7 @@ impl OwnCollector {
                     let _ = stopped.await;
                     "quit"
                 };
-                if let Err(e) = agent.run_until(run.interval, quit).await {
+                if let Err(e) = agent.run_until(run.interval, quit, None).await {
                     tracing::warn!(error = %format!("{e:#}"), "collector stopped");
                 }
             });

@@ -1270,4 +1270,268 @@ pub(crate) mod tests {
         m.lost("gone".into());
         assert_eq!(m.link, Link::Lost("gone".into()));
     }
+
+    /// Generators of event lines for the property tests of `isolator top`'s reader side
+    /// (here and in the view): any JSON with the stream's own keys, and the recorded stream
+    /// with values replaced or bytes cut.
+    pub mod arb {
+        use std::collections::BTreeSet;
+
+        use proptest::prelude::*;
+        use serde_json::{Map, Number, Value};
+
+        use super::RECORDED;
+
+        /// Every key and event type the recorded stream uses, and a few it does not.
+        fn vocabulary() -> Vec<String> {
+            fn walk(v: &Value, out: &mut BTreeSet<String>) {
+                match v {
+                    Value::Object(m) => {
+                        for (k, v) in m {
+                            out.insert(k.clone());
+                            walk(v, out);
+                        }
+                    }
+                    Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+                    Value::String(s) if s.len() < 24 => {
+                        out.insert(s.clone());
+                    }
+                    _ => {}
+                }
+            }
+            let mut out = BTreeSet::new();
+            for l in RECORDED.lines() {
+                walk(&serde_json::from_str(l).expect("recorded lines are JSON"), &mut out);
+            }
+            for w in [
+                "label_slo", "cgroup_gone", "docker_connected", "error", "released", "latency",
+                "throughput", "best-effort", "max", "0", "weight", "riops", "wiops", "vio",
+                "latency_log2", "limit", "slo", "class", "p999_ns", "rate_bps",
+            ] {
+                out.insert(w.to_string());
+            }
+            out.into_iter().collect()
+        }
+
+        fn word() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => prop::sample::select(vocabulary()),
+                1 => "\\PC{0,12}",
+            ]
+        }
+
+        /// A JSON scalar, with the extremes: u64::MAX, negative, huge and tiny floats.
+        fn leaf() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                prop::sample::select(vec![0, 1, u64::MAX, u64::MAX - 1, 1 << 53]).prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(|f| Number::from_f64(f).map_or(Value::Null, Value::Number)),
+                word().prop_map(Value::from),
+            ]
+        }
+
+        /// Any JSON value, keys mostly the stream's own.
+        pub fn json() -> impl Strategy<Value = Value> {
+            leaf().prop_recursive(4, 48, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::vec((word(), inner), 0..6)
+                        .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+                ]
+            })
+        }
+
+        /// An event of schema 1 (mostly) with a type the view knows (mostly) and any
+        /// fields.
+        pub fn event() -> impl Strategy<Value = String> {
+            (json(), word(), prop::bool::weighted(0.9)).prop_map(|(body, ty, schema)| {
+                let mut m = match body {
+                    Value::Object(m) => m,
+                    other => Map::from_iter([("x".to_string(), other)]),
+                };
+                m.insert("type".into(), ty.into());
+                if schema {
+                    m.insert("schema".into(), 1.into());
+                }
+                Value::Object(m).to_string()
+            })
+        }
+
+        /// Replaces the value at the `path` walk (indices modulo each level's size) with
+        /// `new`, or removes it.
+        fn replace(v: &mut Value, path: &[usize], new: Option<Value>) {
+            let Some((&i, rest)) = path.split_first() else {
+                return;
+            };
+            let child = match v {
+                Value::Object(m) if !m.is_empty() => {
+                    let k = m.keys().nth(i % m.len()).cloned().unwrap_or_default();
+                    if rest.is_empty() || !m[&k].is_object() && !m[&k].is_array() {
+                        match new {
+                            Some(n) => m[&k] = n,
+                            None => {
+                                m.remove(&k);
+                            }
+                        }
+                        return;
+                    }
+                    m.get_mut(&k)
+                }
+                Value::Array(a) if !a.is_empty() => {
+                    let n = a.len();
+                    if rest.is_empty() || !a[i % n].is_object() && !a[i % n].is_array() {
+                        match new {
+                            Some(v) => a[i % n] = v,
+                            None => {
+                                a.remove(i % n);
+                            }
+                        }
+                        return;
+                    }
+                    a.get_mut(i % n)
+                }
+                _ => None,
+            };
+            if let Some(c) = child {
+                replace(c, rest, new);
+            }
+        }
+
+        /// One way to break a line.
+        #[derive(Debug, Clone)]
+        pub enum Mutation {
+            /// A value somewhere in the event replaced (None: removed).
+            Value(Vec<usize>, Option<Value>),
+            /// The line cut at a byte.
+            Truncate(usize),
+            /// Text inserted at a byte.
+            Insert(usize, String),
+        }
+
+        fn mutation() -> impl Strategy<Value = Mutation> {
+            prop_oneof![
+                6 => (prop::collection::vec(any::<usize>(), 1..6), prop::option::weighted(0.85, json()))
+                    .prop_map(|(p, v)| Mutation::Value(p, v)),
+                1 => any::<usize>().prop_map(Mutation::Truncate),
+                1 => (any::<usize>(), prop_oneof!["\\PC{0,6}", Just("\"".to_string()), Just("}".to_string())])
+                    .prop_map(|(i, s)| Mutation::Insert(i, s)),
+            ]
+        }
+
+        /// The byte at or before `i % len` that starts a character.
+        fn boundary(line: &str, i: usize) -> usize {
+            let mut i = i % (line.len() + 1);
+            while !line.is_char_boundary(i) {
+                i -= 1;
+            }
+            i
+        }
+
+        pub fn apply(line: &str, m: &Mutation) -> String {
+            match m {
+                Mutation::Value(path, new) => {
+                    // A line already cut is not JSON: it stays as it is.
+                    let Ok(mut v) = serde_json::from_str::<Value>(line) else {
+                        return line.to_string();
+                    };
+                    replace(&mut v, path, new.clone());
+                    v.to_string()
+                }
+                Mutation::Truncate(i) => line[..boundary(line, *i)].to_string(),
+                Mutation::Insert(i, s) => {
+                    let mut l = line.to_string();
+                    l.insert_str(boundary(line, *i), s);
+                    l
+                }
+            }
+        }
+
+        /// The recorded stream with a few of its lines broken.
+        pub fn mutated_stream() -> impl Strategy<Value = Vec<String>> {
+            let lines: Vec<&'static str> = RECORDED.lines().collect();
+            let n = lines.len();
+            prop::collection::vec((0..n, mutation()), 1..12).prop_map(move |ms| {
+                let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+                for (i, m) in ms {
+                    out[i] = apply(&out[i], &m);
+                }
+                out
+            })
+        }
+
+        /// One recorded line, broken.
+        pub fn mutated_line() -> impl Strategy<Value = String> {
+            let lines: Vec<&'static str> = RECORDED.lines().collect();
+            (prop::sample::select(lines), prop::collection::vec(mutation(), 1..4))
+                .prop_map(|(l, ms)| ms.iter().fold(l.to_string(), |l, m| apply(&l, m)))
+        }
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::{arb, super::*};
+
+        /// The model after `lines`: every line taken or refused, never a panic; then every
+        /// way of looking at it.
+        fn ingest_all<'a>(lines: impl IntoIterator<Item = &'a str>) -> Result<Model, TestCaseError> {
+            let mut m = Model::default();
+            for l in lines {
+                match m.ingest_line(l) {
+                    Ok(()) => {}
+                    Err(StreamError::Schema(v)) => prop_assert_ne!(v, SCHEMA),
+                    Err(StreamError::NotAnEvent(_)) => {}
+                }
+            }
+            for c in Column::ALL {
+                let rows = m.visible(c, true, "a");
+                for r in rows {
+                    let _ = m.actions_of(r).count();
+                }
+            }
+            prop_assert!(m.actions.len() <= ACTIONS);
+            Ok(m)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 1000,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn any_lines(lines in prop::collection::vec(any::<String>(), 0..8)) {
+                ingest_all(lines.iter().map(String::as_str))?;
+            }
+
+            /// Events of this schema with any fields, as a sequence (commits included).
+            #[test]
+            fn any_events(lines in prop::collection::vec(arb::event(), 1..12)) {
+                ingest_all(lines.iter().map(String::as_str))?;
+            }
+
+            #[test]
+            fn broken_real_lines(lines in prop::collection::vec(arb::mutated_line(), 1..6)) {
+                ingest_all(lines.iter().map(String::as_str))?;
+            }
+        }
+
+        proptest! {
+            // The whole recorded stream per case: fewer cases.
+            #![proptest_config(ProptestConfig {
+                cases: 200,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn a_recorded_stream_with_broken_lines(lines in arb::mutated_stream()) {
+                ingest_all(lines.iter().map(String::as_str))?;
+            }
+        }
+    }
 }

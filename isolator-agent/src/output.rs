@@ -1,0 +1,361 @@
+//! Where the event stream's lines go (stdout, the --json file, or any writer), written by a
+//! thread of its own, so that a full disk, a closed pipe or a reader that stopped reading
+//! never holds up a cycle, and so never control. Lines the writer cannot take are dropped
+//! and counted; a failing output is said once per outage, and again when it recovers.
+
+use std::{
+    fs::File,
+    io::{self, Write},
+    mem::ManuallyDrop,
+    os::fd::FromRawFd,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use crate::private_file;
+
+/// Lines queued for a writer that does not keep up, at most: beyond, they are dropped.
+const MAX_QUEUED_BYTES: usize = 16 << 20;
+
+pub enum Target {
+    Stdout,
+    /// Appended to, created 0600 (see [`private_file`]); reopened on [`Output::reopen`].
+    File(PathBuf),
+    Writer(Box<dyn Write + Send>),
+}
+
+impl Target {
+    fn describe(&self) -> String {
+        match self {
+            Target::Stdout => "stdout".into(),
+            Target::File(p) => p.display().to_string(),
+            Target::Writer(_) => "the event writer".into(),
+        }
+    }
+}
+
+/// A change in the output's health, for the agent to report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// Writing failed; lines are lost until it works again.
+    Failed { output: String, error: String },
+    /// The writer did not keep up (a reader that stopped reading): lines dropped.
+    Stalled { output: String },
+    /// Writing works again after a failure or a stall; `dropped` lines were lost meanwhile.
+    Recovered { output: String, dropped: u64 },
+}
+
+enum Msg {
+    Line(String),
+    Reopen,
+    Flush(mpsc::SyncSender<()>),
+}
+
+#[derive(Default)]
+struct Shared {
+    queued_bytes: AtomicUsize,
+    notices: Mutex<Vec<Notice>>,
+}
+
+pub struct Output {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    name: String,
+    /// Lines dropped in all (never written), and in the current outage or stall.
+    dropped_total: u64,
+    stalled: bool,
+}
+
+impl Output {
+    /// Opens the target (a file must be safe to write as root) and starts its writer.
+    pub fn start(target: Target) -> Result<Output, private_file::PrivateFileError> {
+        let name = target.describe();
+        let path = match &target {
+            Target::File(p) => Some(p.clone()),
+            _ => None,
+        };
+        let writer: Box<dyn Write + Send> = match target {
+            // fd 1 written directly: std's stdout lock must never be held by a writer
+            // blocked on a stalled reader while the process exits.
+            // SAFETY: fd 1 stays open for the life of the process; ManuallyDrop never closes it.
+            Target::Stdout => Box::new(StdoutFd(ManuallyDrop::new(unsafe {
+                File::from_raw_fd(1)
+            }))),
+            Target::File(p) => Box::new(private_file::open(&p, true)?),
+            Target::Writer(w) => w,
+        };
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = shared.clone();
+        let thread_name = name.clone();
+        std::thread::Builder::new()
+            .name("isolator-output".into())
+            .spawn(move || write_lines(rx, writer, path, thread_shared, thread_name))
+            .map_err(|e| private_file::PrivateFileError::Io {
+                path: PathBuf::from(&name),
+                source: e,
+            })?;
+        Ok(Output {
+            tx,
+            shared,
+            name,
+            dropped_total: 0,
+            stalled: false,
+        })
+    }
+
+    /// Queues one line (without its newline). Never blocks.
+    pub fn send(&mut self, line: String) {
+        let len = line.len() + 1;
+        let queued = self.shared.queued_bytes.load(Ordering::Relaxed);
+        if queued + len > MAX_QUEUED_BYTES {
+            self.dropped_total += 1;
+            if !self.stalled {
+                self.stalled = true;
+                self.push(Notice::Stalled {
+                    output: self.name.clone(),
+                });
+            }
+            return;
+        }
+        if self.stalled && queued < MAX_QUEUED_BYTES / 2 {
+            self.stalled = false;
+            self.push(Notice::Recovered {
+                output: self.name.clone(),
+                dropped: self.dropped_total,
+            });
+        }
+        self.shared.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        if self.tx.send(Msg::Line(line)).is_err() {
+            self.dropped_total += 1;
+        }
+    }
+
+    fn push(&self, n: Notice) {
+        self.shared
+            .notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(n);
+    }
+
+    /// What happened to the output since the last call.
+    pub fn notices(&self) -> Vec<Notice> {
+        std::mem::take(&mut *self.shared.notices.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Lines never written: dropped while stalled (a write that failed is not counted).
+    pub fn dropped(&self) -> u64 {
+        self.dropped_total
+    }
+
+    /// Opens the file again (after logrotate moved it); stdout and writers stay.
+    pub fn reopen(&self) {
+        let _ = self.tx.send(Msg::Reopen);
+    }
+
+    /// Waits, at most `timeout`, until every line queued so far is written. Returns false
+    /// when the writer did not get there (it is blocked).
+    pub fn drain(&self, timeout: Duration) -> bool {
+        let (ack, done) = mpsc::sync_channel(1);
+        self.tx.send(Msg::Flush(ack)).is_ok() && done.recv_timeout(timeout).is_ok()
+    }
+}
+
+struct StdoutFd(ManuallyDrop<File>);
+
+impl Write for StdoutFd {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writer thread: batches what is queued into one write, notes failures and
+/// recoveries. A closed pipe (EPIPE) never comes back: it stops writing.
+fn write_lines(
+    rx: mpsc::Receiver<Msg>,
+    mut w: Box<dyn Write + Send>,
+    path: Option<PathBuf>,
+    shared: Arc<Shared>,
+    name: String,
+) {
+    let notice = |n: Notice| {
+        shared
+            .notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(n)
+    };
+    let mut failing = false;
+    let mut closed = false;
+    let mut lost: u64 = 0;
+    let mut batch = Vec::with_capacity(64 << 10);
+    while let Ok(first) = rx.recv() {
+        let mut acks = vec![];
+        let mut reopen = false;
+        let mut lines = 0u64;
+        let mut take = |m: Msg, batch: &mut Vec<u8>| match m {
+            Msg::Line(l) => {
+                shared
+                    .queued_bytes
+                    .fetch_sub(l.len() + 1, Ordering::Relaxed);
+                batch.extend_from_slice(l.as_bytes());
+                batch.push(b'\n');
+                lines += 1;
+            }
+            Msg::Reopen => reopen = true,
+            Msg::Flush(a) => acks.push(a),
+        };
+        take(first, &mut batch);
+        while batch.len() < (1 << 20) {
+            match rx.try_recv() {
+                Ok(m) => take(m, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() && !closed {
+            let r = w.write_all(&batch).and_then(|()| w.flush());
+            match r {
+                Ok(()) if failing => {
+                    failing = false;
+                    notice(Notice::Recovered {
+                        output: name.clone(),
+                        dropped: lost,
+                    });
+                    lost = 0;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    lost += lines;
+                    closed = e.kind() == io::ErrorKind::BrokenPipe;
+                    if !failing {
+                        failing = true;
+                        let error = if closed {
+                            format!("{e}: the reader went away; nothing more is written there")
+                        } else {
+                            e.to_string()
+                        };
+                        notice(Notice::Failed {
+                            output: name.clone(),
+                            error,
+                        });
+                    }
+                }
+            }
+        } else if closed {
+            lost += lines;
+        }
+        batch.clear();
+        if reopen {
+            if let Some(p) = &path {
+                match private_file::open(p, true) {
+                    Ok(f) => w = Box::new(f),
+                    Err(e) => notice(Notice::Failed {
+                        output: name.clone(),
+                        error: format!("reopen: {e}"),
+                    }),
+                }
+            }
+        }
+        for a in acks {
+            let _ = a.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that fails (as a full disk) while `fail` is set.
+    struct Flaky {
+        fail: Arc<std::sync::atomic::AtomicBool>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.fail.load(Ordering::Relaxed) {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.got.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_output_is_said_once_and_its_recovery_too() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let got = Arc::new(Mutex::new(vec![]));
+        let mut o = Output::start(Target::Writer(Box::new(Flaky {
+            fail: fail.clone(),
+            got: got.clone(),
+        })))
+        .unwrap();
+        for i in 0..5 {
+            o.send(format!("{{\"n\":{i}}}"));
+            assert!(o.drain(Duration::from_secs(5)));
+        }
+        let n = o.notices();
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(matches!(&n[0], Notice::Failed { error, .. } if error.contains("No space")));
+        fail.store(false, Ordering::Relaxed);
+        o.send("{\"n\":5}".into());
+        assert!(o.drain(Duration::from_secs(5)));
+        assert_eq!(
+            o.notices(),
+            [Notice::Recovered {
+                output: "the event writer".into(),
+                dropped: 5
+            }]
+        );
+        assert_eq!(&*got.lock().unwrap(), b"{\"n\":5}\n");
+    }
+
+    /// A writer that blocks until released, as stdout with a reader that stopped reading.
+    struct Stalled(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let (lock, cv) = &*self.0;
+            let mut open = lock.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_writer_never_blocks_the_sender() {
+        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let mut o = Output::start(Target::Writer(Box::new(Stalled(gate.clone())))).unwrap();
+        let line = "x".repeat(4096);
+        // Far more than the queue holds: every send returns at once.
+        for _ in 0..(2 * MAX_QUEUED_BYTES / 4096) {
+            o.send(line.clone());
+        }
+        assert!(o.dropped() > 0);
+        assert!(!o.drain(Duration::from_millis(200)), "the writer is blocked");
+        assert!(matches!(o.notices()[..], [Notice::Stalled { .. }]));
+        let (lock, cv) = &*gate;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+        assert!(o.drain(Duration::from_secs(30)));
+        o.send(line);
+        assert!(matches!(o.notices()[..], [Notice::Recovered { .. }]));
+    }
+}
