@@ -402,7 +402,10 @@ impl Agent {
         let started = Instant::now();
         let snap = self.collector.collect()?;
         if self.panic_at_cycle == Some(snap.cycle) {
-            panic!("fault injected at cycle {} (ISOLATOR_FAULT_PANIC_AT_CYCLE)", snap.cycle);
+            panic!(
+                "fault injected at cycle {} (ISOLATOR_FAULT_PANIC_AT_CYCLE)",
+                snap.cycle
+            );
         }
         if snap.need_insert && !self.insert_failed {
             // Optional: without it queue time is unknown on such queues; the cycle goes on.
@@ -747,7 +750,10 @@ mod tests {
             assert!(parse_interval(s).unwrap_err().contains("1s..10s"), "{s}");
         }
         for s in ["-inf", "NaN", "-0.5"] {
-            assert!(parse_interval(s).unwrap_err().contains("not a duration"), "{s}");
+            assert!(
+                parse_interval(s).unwrap_err().contains("not a duration"),
+                "{s}"
+            );
         }
         assert!(parse_interval("18446744073709551616s").is_err());
     }
@@ -756,7 +762,10 @@ mod tests {
     fn ute_threshold_is_a_fraction() {
         assert_eq!(parse_fraction("0.75"), Ok(0.75));
         for s in ["0", "1", "NaN", "inf", "-0.5", "1e400", "x"] {
-            assert!(parse_fraction(s).unwrap_err().contains("between 0 and 1"), "{s}");
+            assert!(
+                parse_fraction(s).unwrap_err().contains("between 0 and 1"),
+                "{s}"
+            );
         }
     }
 

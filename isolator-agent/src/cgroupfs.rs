@@ -232,18 +232,23 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig {
-                cases: 2000,
+                cases: 1000,
                 failure_persistence: None,
                 ..ProptestConfig::default()
             })]
 
             #[test]
-            fn hierarchy_of_any_mountinfo(text in any::<String>(), controllers in any::<Option<String>>()) {
+            fn hierarchy_of_any_mountinfo(
+                text in any::<String>(),
+                controllers in any::<Option<String>>(),
+            ) {
                 let _ = IoHierarchy::from_mountinfo(&text, |_| controllers.clone());
             }
 
             #[test]
-            fn hierarchy_of_mountinfo_like_text(lines in prop::collection::vec(mountinfo_line(), 0..8)) {
+            fn hierarchy_of_mountinfo_like_text(
+                lines in prop::collection::vec(mountinfo_line(), 0..8),
+            ) {
                 let text = lines.join("\n");
                 if IoHierarchy::from_mountinfo(&text, |_| Some("io".into())).is_ok() {
                     // Only a cgroup mount names a hierarchy.
@@ -258,7 +263,9 @@ mod tests {
 
             /// A mount point the kernel escaped comes back as it was.
             #[test]
-            fn unescape_undoes_the_kernels_escapes(s in prop_oneof!["\\PC{0,24}", "[ \t\n\\\\0-9a]{0,24}"]) {
+            fn unescape_undoes_the_kernels_escapes(
+                s in prop_oneof!["\\PC{0,24}", "[ \t\n\\\\0-9a]{0,24}"],
+            ) {
                 prop_assert_eq!(unescape(&escape(&s)), PathBuf::from(&s));
             }
         }

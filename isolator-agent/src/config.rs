@@ -193,11 +193,12 @@ pub const CLASSES: [&str; 3] = ["latency", "throughput", "best-effort"];
 /// A p99.9 target is within this, inclusive: under 10us is below what a device can be
 /// judged on, over 60s is a typo.
 pub const P999_RANGE_NS: RangeInclusive<u64> = 10_000..=60_000_000_000;
-/// Rates beyond any disk are typos, and beyond them lies u64 saturation: 1 PB/s.
+/// The highest byte rate accepted, 1 PB/s: beyond any disk, so a larger one is a typo (and
+/// it stays far from where u64 would saturate).
 pub const MAX_RATE_BPS: u64 = 1_000_000_000_000_000;
 /// The same for I/Os per second.
 pub const MAX_RATE_IOPS: u64 = 1_000_000_000;
-/// io.weight's range (v1's bfq weight is narrower, 1..1000, and clamped by the enforcer).
+/// io.weight's range (v1's bfq weight is narrower, 1..1000: clamped when written).
 pub const WEIGHT_RANGE: RangeInclusive<i64> = 1..=10_000;
 
 /// The `[labels]` section: what a container may declare in its `isolator.*` labels, so
@@ -414,9 +415,9 @@ pub fn parse_rate(s: &str) -> Result<Rate, String> {
 pub fn duration_text(ns: u64) -> String {
     match ns {
         0 => "0ns".into(),
-        n if n % 1_000_000_000 == 0 => format!("{}s", n / 1_000_000_000),
-        n if n % 1_000_000 == 0 => format!("{}ms", n / 1_000_000),
-        n if n % 1_000 == 0 => format!("{}us", n / 1_000),
+        n if n.is_multiple_of(1_000_000_000) => format!("{}s", n / 1_000_000_000),
+        n if n.is_multiple_of(1_000_000) => format!("{}ms", n / 1_000_000),
+        n if n.is_multiple_of(1_000) => format!("{}us", n / 1_000),
         n => format!("{n}ns"),
     }
 }
@@ -432,7 +433,10 @@ pub fn bytes_rate_text(bps: u64) -> String {
         (1_000, "KB/s"),
         (1 << 10, "KiB/s"),
     ];
-    match units.iter().find(|&&(u, _)| bps > 0 && bps % u == 0) {
+    match units
+        .iter()
+        .find(|&&(u, _)| bps > 0 && bps.is_multiple_of(u))
+    {
         Some((u, name)) => format!("{}{name}", bps / u),
         None => format!("{bps}B/s"),
     }
@@ -727,7 +731,9 @@ impl LabelPolicy {
             if !WEIGHT_RANGE.contains(&w) {
                 return Err(err(
                     v.span(),
-                    format!("[labels] max_weight {w} is outside 1..10000; pick a weight in that range"),
+                    format!(
+                        "[labels] max_weight {w} is outside 1..10000; pick a weight in that range"
+                    ),
                 ));
             }
             policy.max_weight = w as u32;
@@ -1163,18 +1169,34 @@ floor = "20MB/s"
     #[test]
     fn no_rounding_to_zero_and_no_saturation() {
         assert_eq!(parse_duration_ns("0.5ns"), Ok(1));
-        assert!(parse_duration_ns("0.4ns").unwrap_err().contains("less than 1ns"));
-        assert!(parse_duration_ns("99999999999s").unwrap_err().contains("584 years"));
+        assert!(parse_duration_ns("0.4ns")
+            .unwrap_err()
+            .contains("less than 1ns"));
+        assert!(parse_duration_ns("99999999999s")
+            .unwrap_err()
+            .contains("584 years"));
         assert!(parse_duration_ns(&format!("{}ns", "9".repeat(400)))
             .unwrap_err()
             .contains("584 years"));
         assert_eq!(parse_rate("1B/s"), Ok(Rate::BytesPerSec(1)));
-        assert!(parse_rate("0.1B/s").unwrap_err().contains("less than 1 byte"));
-        assert!(parse_rate("0.4iops").unwrap_err().contains("less than 1 I/O"));
-        assert_eq!(parse_rate("1000000GB/s"), Ok(Rate::BytesPerSec(MAX_RATE_BPS)));
+        assert!(parse_rate("0.1B/s")
+            .unwrap_err()
+            .contains("less than 1 byte"));
+        assert!(parse_rate("0.4iops")
+            .unwrap_err()
+            .contains("less than 1 I/O"));
+        assert_eq!(
+            parse_rate("1000000GB/s"),
+            Ok(Rate::BytesPerSec(MAX_RATE_BPS))
+        );
         assert!(parse_rate("99999999999GB/s").unwrap_err().contains("1PB/s"));
-        assert_eq!(parse_rate("1000000000iops"), Ok(Rate::IosPerSec(MAX_RATE_IOPS)));
-        assert!(parse_rate("1000000001iops").unwrap_err().contains("beyond any disk"));
+        assert_eq!(
+            parse_rate("1000000000iops"),
+            Ok(Rate::IosPerSec(MAX_RATE_IOPS))
+        );
+        assert!(parse_rate("1000000001iops")
+            .unwrap_err()
+            .contains("beyond any disk"));
         for text in ["20ms", "1s", "10us", "1ns", "1500ms"] {
             assert_eq!(duration_text(parse_duration_ns(text).unwrap()), text);
         }
@@ -1203,13 +1225,21 @@ floor = "20MB/s"
             ("class='latency'\np999='99999999999s'\n", 5, "584 years"),
             ("class='throughput'\nrate='99999999999GB/s'\n", 5, "1PB/s"),
             ("class='throughput'\nrate='0.1B/s'\n", 5, "less than 1 byte"),
-            ("class='best-effort'\nfloor='0.4iops'\n", 5, "less than 1 I/O"),
+            (
+                "class='best-effort'\nfloor='0.4iops'\n",
+                5,
+                "less than 1 I/O",
+            ),
             (
                 "class='best-effort'\nceiling='100iops'\n",
                 5,
                 "ceiling must be in bytes per second; write e.g. ceiling = \"200MB/s\"",
             ),
-            ("class='best-effort'\nceiling='500KB/s'\n", 5, "below 1MiB/s"),
+            (
+                "class='best-effort'\nceiling='500KB/s'\n",
+                5,
+                "below 1MiB/s",
+            ),
             (
                 "class='best-effort'\nfloor='500iops'\nceiling='10MB/s'\n",
                 5,
@@ -1257,12 +1287,28 @@ floor = "20MB/s"
         assert_eq!(LabelPolicy::default().min_p999_ns, 1_000_000);
         for (text, line, needle) in [
             ("[labels]\nmin_p99 = '1ms'\n", 2, "unknown field `min_p99`"),
-            ("[labels]\nmin_p999 = '1us'\n", 2, "[labels] min_p999 '1us' is outside 10us..60s"),
-            ("[labels]\n\nmin_p999 = '1 parsec'\n", 3, "[labels] min_p999: unknown unit"),
-            ("[labels]\nmax_rate = '100iops'\n", 2, "max_rate must be in bytes per second"),
+            (
+                "[labels]\nmin_p999 = '1us'\n",
+                2,
+                "[labels] min_p999 '1us' is outside 10us..60s",
+            ),
+            (
+                "[labels]\n\nmin_p999 = '1 parsec'\n",
+                3,
+                "[labels] min_p999: unknown unit",
+            ),
+            (
+                "[labels]\nmax_rate = '100iops'\n",
+                2,
+                "max_rate must be in bytes per second",
+            ),
             ("[labels]\nmax_rate = '99999999999GB/s'\n", 2, "1PB/s"),
             ("[labels]\nmax_weight = 0\n", 2, "outside 1..10000"),
-            ("[labels]\nclasses = ['latency', 'fast']\n", 2, "unknown class 'fast'"),
+            (
+                "[labels]\nclasses = ['latency', 'fast']\n",
+                2,
+                "unknown class 'fast'",
+            ),
             ("[labels]\nenabled = 'yes'\n", 2, "see docs/config.md"),
         ] {
             let e = parse(text).unwrap_err();
@@ -1318,14 +1364,32 @@ floor = "20MB/s"
                 (0u32..100_000).prop_map(|v| v.to_string()),
                 (0.0..2.0f64).prop_map(|v| v.to_string()),
                 prop::sample::select(vec![
-                    "0", "0.4", "0.5", "1", "-1", "1e20", "1e-300", "99999999999", "18446744073709551616",
-                    "1000000", "1000000000", "NaN", "inf", "-0", ".", "1.5.5", "", "+5", "--1", "١",
+                    "0",
+                    "0.4",
+                    "0.5",
+                    "1",
+                    "-1",
+                    "1e20",
+                    "1e-300",
+                    "99999999999",
+                    "18446744073709551616",
+                    "1000000",
+                    "1000000000",
+                    "NaN",
+                    "inf",
+                    "-0",
+                    ".",
+                    "1.5.5",
+                    "",
+                    "+5",
+                    "--1",
+                    "١",
                 ])
                 .prop_map(str::to_string),
             ];
             let unit = prop::sample::select(vec![
-                "", "ns", "us", "µs", "ms", "s", "B/s", "KB/s", "kB/s", "MB/s", "GB/s", "KiB/s", "MiB/s",
-                "GiB/s", "iops", "IOPS", " ms", "h", "PB/s", "é", "\u{202e}", "\n", "ms ",
+                "", "ns", "us", "µs", "ms", "s", "B/s", "KB/s", "kB/s", "MB/s", "GB/s", "KiB/s",
+                "MiB/s", "GiB/s", "iops", "IOPS", " ms", "h", "PB/s", "é", "\u{202e}", "\n", "ms ",
             ]);
             (number, unit).prop_map(|(n, u)| toml_str(&format!("{n}{u}")))
         }
@@ -1336,9 +1400,28 @@ floor = "20MB/s"
             prop_oneof![
                 quantity(),
                 prop::sample::select(vec![
-                    "\"latency\"", "\"throughput\"", "\"best-effort\"", "\"/a\"", "\"/b/*\"", "\"[\"", "\"\"",
-                    "\"tier=db\"", "\"=x\"", "true", "false", "3", "-3", "0", "10000", "10001",
-                    "99999999999999999999", "[]", "[\"latency\", \"x\"]", "{}", "\"\\n\"", "\"\\u0000\"",
+                    "\"latency\"",
+                    "\"throughput\"",
+                    "\"best-effort\"",
+                    "\"/a\"",
+                    "\"/b/*\"",
+                    "\"[\"",
+                    "\"\"",
+                    "\"tier=db\"",
+                    "\"=x\"",
+                    "true",
+                    "false",
+                    "3",
+                    "-3",
+                    "0",
+                    "10000",
+                    "10001",
+                    "99999999999999999999",
+                    "[]",
+                    "[\"latency\", \"x\"]",
+                    "{}",
+                    "\"\\n\"",
+                    "\"\\u0000\"",
                 ])
                 .prop_map(str::to_string),
                 any::<i64>().prop_map(|v| v.to_string()),
@@ -1349,20 +1432,38 @@ floor = "20MB/s"
         /// A value for `key`, mostly of the type the key takes.
         fn value_for(key: &'static str) -> BoxedStrategy<String> {
             let typed = match key {
-                "p999" | "rate" | "floor" | "ceiling" | "min_p999" | "max_rate" => quantity().boxed(),
-                "class" => prop::sample::select(vec!["latency", "throughput", "best-effort", "latency", "fast"])
-                    .prop_map(toml_str)
+                "p999" | "rate" | "floor" | "ceiling" | "min_p999" | "max_rate" => {
+                    quantity().boxed()
+                }
+                "class" => prop::sample::select(vec![
+                    "latency",
+                    "throughput",
+                    "best-effort",
+                    "latency",
+                    "fast",
+                ])
+                .prop_map(toml_str)
+                .boxed(),
+                "weight" | "max_weight" => prop_oneof![any::<i64>(), -2i64..10_003]
+                    .prop_map(|w| w.to_string())
                     .boxed(),
-                "weight" | "max_weight" => prop_oneof![any::<i64>(), -2i64..10_003].prop_map(|w| w.to_string()).boxed(),
                 "enabled" => any::<bool>().prop_map(|b| b.to_string()).boxed(),
                 "classes" => prop::collection::vec(
                     prop::sample::select(vec!["latency", "throughput", "best-effort", "x"]),
                     0..4,
                 )
-                .prop_map(|c| format!("[{}]", c.into_iter().map(toml_str).collect::<Vec<_>>().join(", ")))
+                .prop_map(|c| {
+                    format!(
+                        "[{}]",
+                        c.into_iter().map(toml_str).collect::<Vec<_>>().join(", ")
+                    )
+                })
                 .boxed(),
                 _ => prop_oneof![
-                    prop::sample::select(vec!["/s", "s*", "/[", "tier=db", "=x", "", " ", "/a/**/b"]).prop_map(toml_str),
+                    prop::sample::select(vec![
+                        "/s", "s*", "/[", "tier=db", "=x", "", " ", "/a/**/b"
+                    ])
+                    .prop_map(toml_str),
                     "\\PC{0,12}".prop_map(|s| toml_str(&s)),
                 ]
                 .boxed(),
@@ -1386,26 +1487,42 @@ floor = "20MB/s"
         }
 
         const SERVICE_KEYS: &[&str] = &[
-            "name", "cgroup", "unit", "container", "pod", "image", "label", "class", "p999", "rate", "floor",
-            "ceiling", "weight", "p999", "floor", "ceiling", "class",
+            "name",
+            "cgroup",
+            "unit",
+            "container",
+            "pod",
+            "image",
+            "label",
+            "class",
+            "p999",
+            "rate",
+            "floor",
+            "ceiling",
+            "weight",
+            "p999",
+            "floor",
+            "ceiling",
+            "class",
         ];
         const LABELS_KEYS: &[&str] = &["enabled", "min_p999", "max_rate", "max_weight", "classes"];
 
         /// Near-valid configs: [[service]] tables (most with a valid name, matcher and
         /// class, so that they reach the SLO rules) and a [labels] table.
         fn near_valid_config() -> impl Strategy<Value = String> {
-            let service = (0..3usize, prop::bool::weighted(0.97)).prop_flat_map(|(i, valid_start)| {
-                let base = if valid_start {
-                    vec![
-                        ("name", toml_str(&format!("s{i}"))),
-                        ("cgroup", toml_str(&format!("/s{i}"))),
-                        ("class", toml_str("best-effort")),
-                    ]
-                } else {
-                    vec![]
-                };
-                table(base, SERVICE_KEYS).prop_map(|t| format!("[[service]]\n{t}"))
-            });
+            let service =
+                (0..3usize, prop::bool::weighted(0.97)).prop_flat_map(|(i, valid_start)| {
+                    let base = if valid_start {
+                        vec![
+                            ("name", toml_str(&format!("s{i}"))),
+                            ("cgroup", toml_str(&format!("/s{i}"))),
+                            ("class", toml_str("best-effort")),
+                        ]
+                    } else {
+                        vec![]
+                    };
+                    table(base, SERVICE_KEYS).prop_map(|t| format!("[[service]]\n{t}"))
+                });
             (
                 prop::collection::vec(service, 1..4),
                 prop::option::of(table(vec![], LABELS_KEYS)),
@@ -1481,7 +1598,8 @@ floor = "20MB/s"
                     (0.99..1.01f64).prop_map(|f| f * 1e-9),
                 ],
                 unit in prop::sample::select(vec![
-                    "ns", "us", "ms", "s", "B/s", "KB/s", "MB/s", "GB/s", "KiB/s", "MiB/s", "GiB/s", "iops",
+                    "ns", "us", "ms", "s", "B/s", "KB/s", "MB/s", "GB/s", "KiB/s", "MiB/s", "GiB/s",
+                    "iops",
                 ]),
                 exact in any::<bool>(),
             ) {

@@ -640,12 +640,7 @@ impl Controller {
         }
     }
 
-    fn enforce(
-        &mut self,
-        d: &DeviceCycle,
-        dev: &str,
-        dec: crate::policy::Decision,
-    ) -> Vec<Event> {
+    fn enforce(&mut self, d: &DeviceCycle, dev: &str, dec: crate::policy::Decision) -> Vec<Event> {
         let Some(spec) = self.spec(dec.service) else {
             return vec![];
         };
@@ -700,7 +695,9 @@ impl Controller {
                     };
                     // A knob someone else took is said once; the agent leaves it be.
                     if code == "changed_by_other"
-                        && !self.reported.insert(format!("other:{cg}:{dev}:{}", dec.knob.name()))
+                        && !self
+                            .reported
+                            .insert(format!("other:{cg}:{dev}:{}", dec.knob.name()))
                     {
                         continue;
                     }
@@ -882,7 +879,10 @@ mod tests {
         let s = split_limit(Knob::Wbps, Some(10_000_000), 20);
         assert_eq!(s.per_cgroup, Some(MIN_CAP_BPS));
         let note = s.note.unwrap();
-        assert!(note.contains("20 cgroups") && note.contains("minimum"), "{note}");
+        assert!(
+            note.contains("20 cgroups") && note.contains("minimum"),
+            "{note}"
+        );
         let s = split_limit(Knob::Riops, Some(100), 20);
         assert_eq!(s.per_cgroup, Some(MIN_CAP_IOPS));
         // An even split above the minimum is exact, and unlimited stays unlimited.

@@ -310,7 +310,9 @@ impl NdjsonSink {
     /// Appends to `path`, created 0600, never through a symbolic link (see
     /// [`crate::private_file`]).
     pub fn file(path: &Path) -> Result<Self, PrivateFileError> {
-        Ok(NdjsonSink::new(Output::start(Target::File(path.to_path_buf()))?))
+        Ok(NdjsonSink::new(Output::start(Target::File(
+            path.to_path_buf(),
+        ))?))
     }
 
     fn new(out: Output) -> Self {

@@ -123,8 +123,9 @@ fn restore(dir: &std::path::Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let hierarchy = IoHierarchy::detect()?;
-    let lock = HostLock::acquire(&hierarchy.root)
-        .map_err(|e| anyhow::anyhow!("{e}; stop the running agent, which restores its limits itself"))?;
+    let lock = HostLock::acquire(&hierarchy.root).map_err(|e| {
+        anyhow::anyhow!("{e}; stop the running agent, which restores its limits itself")
+    })?;
     let mut enforcer = Enforcer::new(hierarchy, Some(Journal::open(dir)?)).with_host_lock(lock);
     let results = enforcer.recover()?;
     let mut failed = 0;

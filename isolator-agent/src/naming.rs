@@ -319,15 +319,45 @@ mod tests {
             let odd_uid = "[-_0-9a-fA-Zé/.\\PC]{30,40}";
             prop_oneof![
                 hex.prop_map(|id| format!("docker-{id}.scope")),
-                (prop::sample::select(vec!["docker-", "cri-containerd-", "crio-", "libpod-", "crio-conmon-", ""]), "[0-9a-fA-F]{60,66}", prop::sample::select(vec![".scope", "", ".slice"]))
+                (
+                    prop::sample::select(vec![
+                        "docker-",
+                        "cri-containerd-",
+                        "crio-",
+                        "libpod-",
+                        "crio-conmon-",
+                        ""
+                    ]),
+                    "[0-9a-fA-F]{60,66}",
+                    prop::sample::select(vec![".scope", "", ".slice"])
+                )
                     .prop_map(|(p, id, s)| format!("{p}{id}{s}")),
                 hex.prop_map(|id| id.to_string()),
-                (prop::sample::select(vec!["kubepods-", "kubepods-burstable-", "kubepods-besteffort-", "x-"]), prop_oneof![uid, odd_uid])
+                (
+                    prop::sample::select(vec![
+                        "kubepods-",
+                        "kubepods-burstable-",
+                        "kubepods-besteffort-",
+                        "x-"
+                    ]),
+                    prop_oneof![uid, odd_uid]
+                )
                     .prop_map(|(p, u)| format!("{p}pod{}.slice", u.replace('-', "_"))),
                 prop_oneof![uid, odd_uid].prop_map(|u| format!("pod{u}")),
                 prop::sample::select(vec![
-                    "kubepods", "kubepods.slice", "burstable", "besteffort", "docker", "system.slice",
-                    "pg.service", ".scope", "-pod.slice", "pod", "", ".", "..",
+                    "kubepods",
+                    "kubepods.slice",
+                    "burstable",
+                    "besteffort",
+                    "docker",
+                    "system.slice",
+                    "pg.service",
+                    ".scope",
+                    "-pod.slice",
+                    "pod",
+                    "",
+                    ".",
+                    "..",
                 ])
                 .prop_map(str::to_string),
                 "\\PC{0,20}",
@@ -351,7 +381,10 @@ mod tests {
                 ServiceKind::Cgroup => prop_assert!(n.id.is_none()),
             }
             if let Some(p) = &n.pod {
-                prop_assert!(p.uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'), "{path}");
+                prop_assert!(
+                    p.uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'),
+                    "{path}"
+                );
             }
             Ok(())
         }
@@ -369,7 +402,10 @@ mod tests {
             }
 
             #[test]
-            fn name_of_cgroup_like_paths(parts in prop::collection::vec(component(), 0..6), lead in any::<bool>()) {
+            fn name_of_cgroup_like_paths(
+                parts in prop::collection::vec(component(), 0..6),
+                lead in any::<bool>(),
+            ) {
                 let path = format!("{}{}", if lead { "/" } else { "" }, parts.join("/"));
                 check(&path)?;
             }

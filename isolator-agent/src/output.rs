@@ -82,9 +82,9 @@ impl Output {
             // fd 1 written directly: std's stdout lock must never be held by a writer
             // blocked on a stalled reader while the process exits.
             // SAFETY: fd 1 stays open for the life of the process; ManuallyDrop never closes it.
-            Target::Stdout => Box::new(StdoutFd(ManuallyDrop::new(unsafe {
-                File::from_raw_fd(1)
-            }))),
+            Target::Stdout => {
+                Box::new(StdoutFd(ManuallyDrop::new(unsafe { File::from_raw_fd(1) })))
+            }
             Target::File(p) => Box::new(private_file::open(&p, true)?),
             Target::Writer(w) => w,
         };
@@ -145,7 +145,13 @@ impl Output {
 
     /// What happened to the output since the last call.
     pub fn notices(&self) -> Vec<Notice> {
-        std::mem::take(&mut *self.shared.notices.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(
+            &mut *self
+                .shared
+                .notices
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Lines never written: dropped while stalled (a write that failed is not counted).
@@ -349,7 +355,10 @@ mod tests {
             o.send(line.clone());
         }
         assert!(o.dropped() > 0);
-        assert!(!o.drain(Duration::from_millis(200)), "the writer is blocked");
+        assert!(
+            !o.drain(Duration::from_millis(200)),
+            "the writer is blocked"
+        );
         assert!(matches!(o.notices()[..], [Notice::Stalled { .. }]));
         let (lock, cv) = &*gate;
         *lock.lock().unwrap() = true;

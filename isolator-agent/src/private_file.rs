@@ -112,7 +112,9 @@ pub fn open(path: &Path, append: bool) -> Result<File, PrivateFileError> {
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => PrivateFileError::Unsafe {
                 path: path.to_path_buf(),
-                reason: "is a symbolic link, which isolator does not follow for files it writes as root".into(),
+                reason:
+                    "is a symbolic link, which isolator does not follow for files it writes as root"
+                        .into(),
                 fix: "give the path of the file itself",
             },
             _ => PrivateFileError::Io {

@@ -184,11 +184,7 @@ impl Drop for StreamServer {
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(200);
 
 async fn accept_readers(listener: UnixListener, shared: Arc<Mutex<Shared>>) {
-    accept_with_backoff(
-        || listener.accept(),
-        |stream| add_reader(stream, &shared),
-    )
-    .await
+    accept_with_backoff(|| listener.accept(), |stream| add_reader(stream, &shared)).await
 }
 
 /// Accepts until `add` says stop; failures are logged once per run of them.

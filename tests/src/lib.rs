@@ -880,3 +880,217 @@ impl Drop for Dockerd {
         }
     }
 }
+
+/// The churn soak: cgroups created, doing one read each and removed again, in waves, while
+/// the agent controls a service whose glob matches every one of them (a best-effort
+/// service with a ceiling, split over its cgroups). The agent's memory, its journal and its
+/// kernel maps must stay bounded, and nothing may be left behind.
+pub mod churn {
+    use super::*;
+
+    /// What one soak saw: per wave, the agent's RSS and the journal's entries at the wave's
+    /// peak (every cgroup of the wave alive and limited).
+    #[derive(Debug)]
+    pub struct Report {
+        pub cgroups: usize,
+        pub wave: usize,
+        pub rss_kib: Vec<u64>,
+        pub journal_entries: Vec<usize>,
+        /// Keys the agent tracked at the last cycle_end before the first wave, and at the
+        /// end after every wave was gone.
+        pub tracked_keys_before: u64,
+        pub tracked_keys_after: u64,
+        pub restores_failed: usize,
+        /// Decisions that limited the wave's cgroups (ceilings written).
+        pub decisions_applied: usize,
+        pub left_cgroups: Vec<PathBuf>,
+        pub journal_left: bool,
+        pub seconds: f64,
+    }
+
+    fn rss_kib(pid: i32) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS")
+    }
+
+    fn journal_entries(journal: &Path) -> usize {
+        std::fs::read_to_string(journal.join("journal.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .map_or(0, |v| v["entries"].as_array().map_or(0, Vec::len))
+    }
+
+    fn last_tracked_keys(agent: &Agent) -> u64 {
+        agent
+            .events()
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "cycle_end")
+            .and_then(|e| e["tracked_keys"].as_u64())
+            .expect("a cycle_end")
+    }
+
+    /// `cgroups` cgroups in waves of `wave`.
+    pub fn run(cgroups: usize, wave: usize) -> Report {
+        require_root();
+        let t0 = Instant::now();
+        let scratch = Scratch::new();
+        let file = scratch.path("churn.dat");
+        make_file(&file, 16 << 20);
+        let (root, _) = io_cgroup_root();
+        let prefix = unique("iso-churn");
+        // The service must match a cgroup at start; this one stays all along.
+        let anchor = TestCgroup::new(&prefix);
+        let config = scratch.path("churn.toml");
+        std::fs::write(
+            &config,
+            format!("[[service]]\nname = \"churn\"\ncgroup = \"/{prefix}-*\"\nclass = \"best-effort\"\nceiling = \"100MB/s\"\n"),
+        )
+        .unwrap();
+        let journal = scratch.path("journal");
+        let mut agent = Agent::start_controlling(
+            &config,
+            &journal,
+            &["--socket", "off", "--docker-socket", "off"],
+        );
+        agent.wait_cycles(2);
+        let tracked_keys_before = last_tracked_keys(&agent);
+        let mut rss = vec![];
+        let mut entries = vec![];
+        let mut made = 0;
+        while made < cgroups {
+            let n = wave.min(cgroups - made);
+            let dirs: Vec<PathBuf> = (0..n)
+                .map(|i| root.join(format!("{prefix}-w{made}-{i}")))
+                .collect();
+            for d in &dirs {
+                std::fs::create_dir(d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+            }
+            // One 4 KiB direct read from each, 16 at a time.
+            for chunk in dirs.chunks(16) {
+                let children: Vec<Child> = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        Command::new(loadgen_bin())
+                            .args(["--path", file.to_str().unwrap(), "--op", "read"])
+                            .args(["--bytes", "4096", "--bs", "4096", "--direct"])
+                            .args(["--offset", &((i as u64) << 12).to_string()])
+                            .arg("--cgroup")
+                            .arg(d)
+                            .stdout(Stdio::null())
+                            .spawn()
+                            .unwrap()
+                    })
+                    .collect();
+                for mut c in children {
+                    assert!(c.wait().unwrap().success());
+                }
+            }
+            // The agent sees the wave and limits it.
+            agent.wait_cycles(3);
+            rss.push(rss_kib(agent.pid()));
+            entries.push(journal_entries(&journal));
+            for d in &dirs {
+                std::fs::remove_dir(d).unwrap_or_else(|e| panic!("rmdir {}: {e}", d.display()));
+            }
+            made += n;
+        }
+        // Every wave is gone: its keys leave the maps, its journal entries close.
+        agent.wait_cycles(5);
+        let tracked_keys_after = last_tracked_keys(&agent);
+        let (status, stderr) = agent.stop();
+        assert!(status.success(), "agent: {stderr}");
+        let events = agent.events();
+        let restores_failed = events
+            .iter()
+            .filter(|e| e["type"] == "restore")
+            .filter(|e| {
+                e["result"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("failed"))
+            })
+            .count();
+        let decisions_applied = events
+            .iter()
+            .filter(|e| e["type"] == "decision" && e["applied"] == true)
+            .count();
+        drop(anchor);
+        let left_cgroups = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+            })
+            .collect();
+        Report {
+            cgroups,
+            wave,
+            rss_kib: rss,
+            journal_entries: entries,
+            tracked_keys_before,
+            tracked_keys_after,
+            restores_failed,
+            decisions_applied,
+            left_cgroups,
+            journal_left: journal.join("journal.json").exists(),
+            seconds: t0.elapsed().as_secs_f64(),
+        }
+    }
+
+    impl Report {
+        /// What the soak must show: the journal never holds more than the live cgroups'
+        /// knobs, the agent's memory does not grow with the cgroups it has seen (it levels
+        /// off), its keys return to their idle level, and nothing is left: no cgroup, no
+        /// journal, no failed restore.
+        pub fn assert_bounded(&self) {
+            assert!(
+                self.decisions_applied >= 1,
+                "nothing was ever limited: {self:?}"
+            );
+            for &e in &self.journal_entries {
+                assert!(
+                    e <= self.wave + 1,
+                    "journal grew past the live cgroups: {self:?}"
+                );
+            }
+            assert!(
+                self.journal_entries.iter().any(|&e| e > 0),
+                "no wave was ever journaled: {self:?}"
+            );
+            // The allocator keeps what a wave's keys needed at their peak, so RSS climbs to
+            // the working set of one wave and stays there; what grows with the cgroups seen
+            // (a leak) grows as much in the second half of the run as in the first.
+            let n = self.rss_kib.len();
+            assert!(
+                n >= 8,
+                "too few waves to tell a plateau from a leak: {self:?}"
+            );
+            let (first, mid, last) = (
+                self.rss_kib[0],
+                self.rss_kib[n / 2 - 1],
+                self.rss_kib[n - 1],
+            );
+            let early = mid.saturating_sub(first);
+            let late = last.saturating_sub(mid);
+            assert!(
+                late <= early / 4 + 512,
+                "agent RSS still grows: {first} -> {mid} -> {last} KiB over {} cgroups: {self:?}",
+                self.cgroups
+            );
+            assert!(
+                self.tracked_keys_after <= self.tracked_keys_before + 4,
+                "keys of gone cgroups stayed: {self:?}"
+            );
+            assert_eq!(self.restores_failed, 0, "{self:?}");
+            assert!(self.left_cgroups.is_empty(), "{self:?}");
+            assert!(!self.journal_left, "{self:?}");
+        }
+    }
+}

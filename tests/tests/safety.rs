@@ -123,7 +123,11 @@ fn an_operators_value_set_mid_run_is_kept_at_stop() {
     agent.wait_cycles(2);
     let (status, stderr) = agent.stop();
     assert!(status.success(), "{stderr}");
-    assert_eq!(rig.rbps(0), "123456789", "the operator's value was overwritten");
+    assert_eq!(
+        rig.rbps(0),
+        "123456789",
+        "the operator's value was overwritten"
+    );
     let events = agent.events();
     let r = restores(&events);
     assert_eq!(r.len(), 1, "{r:?}");
@@ -190,7 +194,14 @@ fn a_closed_stdout_does_not_stop_control() {
     let rig = Rig::new(1, 40);
     let socket = rig.scratch.path("isolator.sock");
     let mut child = Command::new(isolator_bin())
-        .args(["run", "--interval", "1s", "--docker-socket", "off", "--config"])
+        .args([
+            "run",
+            "--interval",
+            "1s",
+            "--docker-socket",
+            "off",
+            "--config",
+        ])
         .arg(&rig.config)
         .arg("--journal-dir")
         .arg(&rig.journal)
@@ -246,7 +257,14 @@ fn one_agent_per_host_enforces() {
     let mut first = rig.start(&[], &[]);
     let other_journal = rig.scratch.path("journal2");
     let out = Command::new(isolator_bin())
-        .args(["run", "--docker-socket", "off", "--socket", "off", "--config"])
+        .args([
+            "run",
+            "--docker-socket",
+            "off",
+            "--socket",
+            "off",
+            "--config",
+        ])
         .arg(&rig.config)
         .arg("--journal-dir")
         .arg(&other_journal)
@@ -362,7 +380,11 @@ fn event_files_are_private_and_never_reached_through_links() {
     // A file of its own: 0600.
     let agent = Agent::start(&["--socket", "off", "--docker-socket", "off"]);
     agent.wait_cycles(1);
-    let mode = std::fs::metadata(&agent.events).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&agent.events)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600, "events file mode");
     drop(agent);
 

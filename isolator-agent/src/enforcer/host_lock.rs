@@ -60,7 +60,10 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let first = HostLock::acquire(&d).unwrap();
         let e = HostLock::acquire(&d).err().unwrap().to_string();
-        assert!(e.contains("already enforces") && e.contains("--dry-run"), "{e}");
+        assert!(
+            e.contains("already enforces") && e.contains("--dry-run"),
+            "{e}"
+        );
         assert!(
             e.contains(&format!("pid {}", std::process::id())),
             "names the holder: {e}"

@@ -80,8 +80,11 @@ impl Journal {
         };
         private_file::create_dir(dir)
             .map_err(|e| jerr(format!("{e}; pick another --journal-dir")))?;
-        let lock = private_file::open(&dir.join("lock"), true)
-            .map_err(|e| jerr(format!("cannot open the lock ({e}); pick another --journal-dir")))?;
+        let lock = private_file::open(&dir.join("lock"), true).map_err(|e| {
+            jerr(format!(
+                "cannot open the lock ({e}); pick another --journal-dir"
+            ))
+        })?;
         // SAFETY: flock on a file descriptor we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(jerr(

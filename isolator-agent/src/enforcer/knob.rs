@@ -125,7 +125,8 @@ impl KnobRef {
 
     /// The line that sets `value`; None for a value the agent would never write.
     pub fn line(&self, value: &str) -> Option<String> {
-        let plain = !value.is_empty() && value.len() <= 20 && value.bytes().all(|c| c.is_ascii_digit());
+        let plain =
+            !value.is_empty() && value.len() <= 20 && value.bytes().all(|c| c.is_ascii_digit());
         if !(plain || (value == "max" && self.file == "io.max")) {
             return None;
         }

@@ -721,7 +721,10 @@ mod tests {
             // The journal is on disk before anything else happens, private.
             let path = f.journal_dir().join("journal.json");
             let text = std::fs::read_to_string(&path).unwrap();
-            assert!(text.contains("\"wbps\"") && text.contains("boot_id"), "{text}");
+            assert!(
+                text.contains("\"wbps\"") && text.contains("boot_id"),
+                "{text}"
+            );
             use std::os::unix::fs::PermissionsExt;
             let mode_of = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode_of(&path), 0o600);

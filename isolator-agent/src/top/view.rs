@@ -402,7 +402,8 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
             .max(1);
         let bar_w = left.width.saturating_sub(18) as u64;
         for &(upper, n) in &row.latency_log2 {
-            let len = (n * bar_w).div_ceil(top) as usize;
+            // In u128: a count near u64::MAX times the width must not overflow.
+            let len = (u128::from(n) * u128::from(bar_w)).div_ceil(u128::from(top)) as usize;
             lines.push(Line::from(vec![
                 Span::raw(format!("<{:>7} ", latency_words(upper))),
                 Span::styled("█".repeat(len), Style::new().fg(Color::Cyan)),
@@ -832,5 +833,75 @@ mod tests {
         let screen = draw(&empty, 80, 24);
         assert!(screen[0].contains("waiting for the agent"));
         line_with(&screen, "no block I/O seen yet");
+    }
+
+    #[test]
+    fn counts_at_the_extremes_draw() {
+        let mut app = App::new("test".into());
+        let max = u64::MAX;
+        for l in [
+            serde_json::json!({"schema": 1, "type": "service_stats", "cycle": 1, "service": "s",
+                "disk": "vda", "state": "violating", "samples": max, "p50_ns": max, "p999_ns": max,
+                "latency_log2": [[1024, max], [max, 1]], "slo": {"class": "latency", "p999_ns": max},
+                "limit": {"rbps": max, "wbps": max, "riops": max}, "vio": f64::MAX,
+                "read_mbps": f64::MAX, "iops": f64::MAX}),
+            serde_json::json!({"schema": 1, "type": "cycle_end", "cycle": 1,
+                "disks": [{"dev": "254:0", "disk": "vda", "utilization": f64::MAX}]}),
+        ] {
+            app.ingest_line(&l.to_string()).unwrap();
+        }
+        draw(&app, 80, 24);
+        key(&mut app, KeyCode::Enter);
+        line_with(&draw(&app, 80, 24), "latency this cycle");
+    }
+
+    mod props {
+        use proptest::prelude::*;
+        use ratatui::crossterm::event::KeyCode;
+
+        use super::{draw, key};
+        use crate::top::{app::App, model::tests::arb};
+
+        /// Draws every pane of the app at two sizes, each row's detail included.
+        fn draw_all(app: &mut App) {
+            for (w, h) in [(80, 24), (160, 48)] {
+                draw(app, w, h);
+                key(app, KeyCode::Char('a'));
+                draw(app, w, h);
+                key(app, KeyCode::Char('a'));
+                for _ in 0..app.rows().len().min(8) {
+                    key(app, KeyCode::Enter);
+                    draw(app, w, h);
+                    key(app, KeyCode::Enter);
+                    key(app, KeyCode::Down);
+                }
+            }
+        }
+
+        proptest! {
+            // Drawing is the slow part: fewer cases.
+            #![proptest_config(ProptestConfig {
+                cases: 64,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            /// Whatever the agent says, top draws it (bad lines refused by the model).
+            #[test]
+            fn any_stream_draws(
+                lines in prop_oneof![
+                    arb::mutated_stream(),
+                    arb::extreme_stream(),
+                    prop::collection::vec(arb::mutated_line(), 1..8),
+                    prop::collection::vec(arb::event(), 1..8),
+                ]
+            ) {
+                let mut app = App::new("test".into());
+                for l in &lines {
+                    let _ = app.ingest_line(l);
+                }
+                draw_all(&mut app);
+            }
+        }
     }
 }
