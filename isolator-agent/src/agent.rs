@@ -266,8 +266,13 @@ impl Agent {
             e
         } else {
             if opts.journal_dir.join("journal.json").exists() {
-                let recovered = Journal::open(&opts.journal_dir)
-                    .and_then(|j| Enforcer::new(hierarchy.clone(), Some(j)).recover());
+                // Only where no agent enforces: a journal is restored by one agent at a time.
+                let recovered = HostLock::acquire(&hierarchy.root).and_then(|lock| {
+                    let j = Journal::open(&opts.journal_dir)?;
+                    Enforcer::new(hierarchy.clone(), Some(j))
+                        .with_host_lock(lock)
+                        .recover()
+                });
                 match recovered {
                     Ok(rs) => {
                         early_events.extend(rs.into_iter().map(|r| Event::restore("recovery", r)))
@@ -599,10 +604,13 @@ impl Agent {
     /// `agent_stop`, and gives the output a moment to take the last events: an output that
     /// does not (a stalled reader) cannot keep the agent from stopping.
     pub fn stop(&mut self, reason: &str, cycles: u64) {
-        if let Some(c) = self.control.as_mut() {
-            for e in c.restore_all("stop") {
-                self.sink.emit(&e);
-            }
+        let restores = self
+            .control
+            .as_mut()
+            .map(|c| c.restore_all("stop"))
+            .unwrap_or_default();
+        for e in &restores {
+            self.sink.emit(e);
         }
         self.sink.emit(&Event::AgentStop {
             reason: reason.into(),
@@ -613,6 +621,19 @@ impl Agent {
                 "the event output did not take the last events within {}s; stopping anyway",
                 OUTPUT_DRAIN_TIMEOUT.as_secs()
             );
+            // What was put back must be said somewhere.
+            for e in &restores {
+                if let Event::Restore {
+                    file,
+                    knob,
+                    value,
+                    result,
+                    ..
+                } = e
+                {
+                    tracing::warn!(%file, %knob, %value, %result, "restore");
+                }
+            }
         }
     }
 }

@@ -208,6 +208,7 @@ impl Controller {
             })
             .collect();
         let mut restart = vec![];
+        let mut released = vec![];
         for (sid, old) in &self.membership.targets {
             let new = new_targets.get(sid);
             // A cgroup renamed within the service (same inode) is not lost.
@@ -219,14 +220,16 @@ impl Controller {
             if lost.is_empty() && new.is_some() {
                 continue;
             }
-            // Whatever left the service gets its knobs back where it still exists (renamed
-            // away, no longer matched), and its journal entries closed where it does not.
-            for t in lost {
-                for r in self.enforcer.release(t.ino) {
-                    events.push(Event::restore("released", r));
-                }
-            }
+            released.extend(lost.iter().map(|t| t.ino));
             restart.push(*sid);
+        }
+        // Whatever left a service gets its knobs back where it still exists (renamed away,
+        // no longer matched), and its journal entries closed where it does not: all in one
+        // pass over the journal, however many cgroups went at once.
+        if !released.is_empty() {
+            for r in self.enforcer.release(&released) {
+                events.push(Event::restore("released", r));
+            }
         }
         for sid in restart {
             self.state.retain(|&(s, _), _| s != sid);
@@ -684,8 +687,14 @@ impl Controller {
                     old_text.get_or_insert(c.old);
                     new_text.get_or_insert(c.new);
                 }
+                // Someone else's knob now: said once, and not a failed decision (the
+                // policy would decide it again every cycle).
+                Err(EnforceError::ChangedByOther { .. })
+                    if !self
+                        .reported
+                        .insert(format!("other:{cg}:{dev}:{}", dec.knob.name())) => {}
                 Err(e) => {
-                    ok = false;
+                    ok &= matches!(e, EnforceError::ChangedByOther { .. });
                     let code = match e {
                         EnforceError::CgroupGone(_) => "cgroup_gone",
                         EnforceError::Journal { .. } => "journal",
@@ -693,14 +702,6 @@ impl Controller {
                         EnforceError::ChangedByOther { .. } => "changed_by_other",
                         _ => "write_rejected",
                     };
-                    // A knob someone else took is said once; the agent leaves it be.
-                    if code == "changed_by_other"
-                        && !self
-                            .reported
-                            .insert(format!("other:{cg}:{dev}:{}", dec.knob.name()))
-                    {
-                        continue;
-                    }
                     events.push(Event::Error {
                         code: code.into(),
                         message: format!(

@@ -76,15 +76,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // `top` owns the terminal: no log lines on it.
+    // `top` owns the terminal: no log lines on it. Logs go through a thread of their own
+    // and are dropped rather than waited for: a stderr nobody reads (a full pipe, a
+    // terminal stopped with Ctrl-S) must not hold up a cycle. The guard flushes them at
+    // exit, for at most about a second.
+    let mut _log_flush = None;
     if !matches!(cli.command, Command::Top(_)) {
         let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         use std::io::IsTerminal;
+        let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .finish(std::io::stderr());
+        _log_flush = Some(guard);
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
+            .with_writer(stderr)
             .init();
     }
 

@@ -65,8 +65,9 @@ pub struct Output {
     tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     name: String,
-    /// Lines dropped in all (never written), and in the current outage or stall.
+    /// Lines dropped in all (never written), and when the current stall began.
     dropped_total: u64,
+    dropped_at_stall: u64,
     stalled: bool,
 }
 
@@ -104,6 +105,7 @@ impl Output {
             shared,
             name,
             dropped_total: 0,
+            dropped_at_stall: 0,
             stalled: false,
         })
     }
@@ -113,24 +115,27 @@ impl Output {
         let len = line.len() + 1;
         let queued = self.shared.queued_bytes.load(Ordering::Relaxed);
         if queued + len > MAX_QUEUED_BYTES {
-            self.dropped_total += 1;
             if !self.stalled {
                 self.stalled = true;
+                self.dropped_at_stall = self.dropped_total;
                 self.push(Notice::Stalled {
                     output: self.name.clone(),
                 });
             }
+            self.dropped_total += 1;
             return;
         }
         if self.stalled && queued < MAX_QUEUED_BYTES / 2 {
             self.stalled = false;
             self.push(Notice::Recovered {
                 output: self.name.clone(),
-                dropped: self.dropped_total,
+                dropped: self.dropped_total - self.dropped_at_stall,
             });
         }
         self.shared.queued_bytes.fetch_add(len, Ordering::Relaxed);
         if self.tx.send(Msg::Line(line)).is_err() {
+            // The writer is gone (it cannot be, short of a bug): count, never queue.
+            self.shared.queued_bytes.fetch_sub(len, Ordering::Relaxed);
             self.dropped_total += 1;
         }
     }
@@ -172,6 +177,20 @@ impl Output {
     }
 }
 
+/// write_all that says how much it wrote before an error.
+fn write_counted(w: &mut dyn Write, buf: &[u8]) -> (usize, io::Result<()>) {
+    let mut done = 0;
+    while done < buf.len() {
+        match w.write(&buf[done..]) {
+            Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Err(e)),
+        }
+    }
+    (done, Ok(()))
+}
+
 struct StdoutFd(ManuallyDrop<File>);
 
 impl Write for StdoutFd {
@@ -201,6 +220,9 @@ fn write_lines(
     };
     let mut failing = false;
     let mut closed = false;
+    // A write that failed part-way left half a line: the next one starts a new line, so
+    // every line but that one stays valid NDJSON.
+    let mut torn = false;
     let mut lost: u64 = 0;
     let mut batch = Vec::with_capacity(64 << 10);
     while let Ok(first) = rx.recv() {
@@ -227,8 +249,14 @@ fn write_lines(
             }
         }
         if !batch.is_empty() && !closed {
-            let r = w.write_all(&batch).and_then(|()| w.flush());
-            match r {
+            if torn {
+                batch.insert(0, b'\n');
+            }
+            let (written, r) = write_counted(&mut *w, &batch);
+            if written > 0 {
+                torn = batch[written - 1] != b'\n';
+            }
+            match r.and_then(|()| w.flush()) {
                 Ok(()) if failing => {
                     failing = false;
                     notice(Notice::Recovered {
@@ -326,6 +354,49 @@ mod tests {
             }]
         );
         assert_eq!(&*got.lock().unwrap(), b"{\"n\":5}\n");
+    }
+
+    /// A writer that takes `room` bytes, then fails (a disk filling up mid-line).
+    struct Filling {
+        room: Arc<AtomicUsize>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Filling {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let room = self.room.load(Ordering::Relaxed);
+            if room == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let n = buf.len().min(room);
+            self.room.fetch_sub(n, Ordering::Relaxed);
+            self.got.lock().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_torn_by_a_full_disk_does_not_swallow_the_next() {
+        let room = Arc::new(AtomicUsize::new(12));
+        let got = Arc::new(Mutex::new(vec![]));
+        let mut o = Output::start(Target::Writer(Box::new(Filling {
+            room: room.clone(),
+            got: got.clone(),
+        })))
+        .unwrap();
+        o.send("{\"n\":1}".into()); // 8 bytes
+        assert!(o.drain(Duration::from_secs(5)));
+        o.send("{\"n\":2,\"x\":1}".into()); // only 4 bytes of it fit
+        assert!(o.drain(Duration::from_secs(5)));
+        room.store(1 << 20, Ordering::Relaxed);
+        o.send("{\"n\":3}".into());
+        assert!(o.drain(Duration::from_secs(5)));
+        let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines, ["{\"n\":1}", "{\"n\"", "{\"n\":3}"]);
     }
 
     /// A writer that blocks until released, as stdout with a reader that stopped reading.

@@ -38,11 +38,16 @@ fn euid() -> u32 {
 }
 
 /// Checks that no user but root (or this process's user) can add, remove or rename entries
-/// in `dir` or in any directory above it. A sticky world-writable ancestor (/tmp, /var/tmp)
-/// is fine as long as the next directory down is ours: the sticky bit keeps others from
-/// renaming it. `dir` itself must not be writable by others at all: they could plant the
+/// in `dir`, and that no unprivileged user can swap a directory above it. Returns `dir`
+/// with every link resolved: files are opened through that path, never through links a
+/// user could re-point after the check.
+///
+/// Above `dir`: a sticky world-writable directory (/tmp, /var/tmp) is fine as long as the
+/// next one down is ours (the sticky bit keeps others from renaming it), and a root-owned
+/// group-writable one is too (Ubuntu's /var/log is 0775 root:syslog: its group is a system
+/// daemon's). `dir` itself must be writable by its owner alone: anyone else could plant the
 /// file's name first.
-pub fn check_dir(dir: &Path) -> Result<(), PrivateFileError> {
+pub fn check_dir(dir: &Path) -> Result<PathBuf, PrivateFileError> {
     let real = dir.canonicalize().map_err(io_err(dir))?;
     let me = euid();
     for (depth, d) in real.ancestors().enumerate() {
@@ -66,20 +71,25 @@ pub fn check_dir(dir: &Path) -> Result<(), PrivateFileError> {
                 fix: FIX_DIR,
             });
         }
-        let others_write = m.mode() & 0o022 != 0;
-        let sticky = m.mode() & 0o1000 != 0;
-        if others_write && (depth == 0 || !sticky) {
+        let mode = m.mode();
+        let sticky = mode & 0o1000 != 0;
+        let unsafe_write = if depth == 0 {
+            mode & 0o022 != 0
+        } else {
+            (mode & 0o002 != 0 && !sticky) || (mode & 0o020 != 0 && m.uid() != 0 && !sticky)
+        };
+        if unsafe_write {
             return Err(PrivateFileError::Unsafe {
                 path: shown,
                 reason: format!(
                     "is writable by other users (mode {:o}), who could plant a link or file there",
-                    m.mode() & 0o7777
+                    mode & 0o7777
                 ),
                 fix: FIX_DIR,
             });
         }
     }
-    Ok(())
+    Ok(real)
 }
 
 /// Creates `dir` (and missing parents) mode 0700, or checks an existing one.
@@ -89,7 +99,7 @@ pub fn create_dir(dir: &Path) -> Result<(), PrivateFileError> {
         .mode(0o700)
         .create(dir)
         .map_err(io_err(dir))?;
-    check_dir(dir)
+    check_dir(dir).map(|_| ())
 }
 
 /// Opens `path` for writing (append or truncate), creating it 0600, never through a
@@ -100,16 +110,31 @@ pub fn open(path: &Path, append: bool) -> Result<File, PrivateFileError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    check_dir(&parent)?;
+    let real_parent = check_dir(&parent)?;
+    let Some(name) = path.file_name() else {
+        return Err(PrivateFileError::Unsafe {
+            path: path.to_path_buf(),
+            reason: "names a directory, not a file".into(),
+            fix: "give the path of a file",
+        });
+    };
+    // O_NONBLOCK: a FIFO planted under the name must not block the open (it is refused
+    // below); regular files ignore the flag.
     let f = OpenOptions::new()
         .write(true)
         .append(append)
         .truncate(!append)
         .create(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(real_parent.join(name))
         .map_err(|e| match e.raw_os_error() {
+            // A FIFO without a reader, opened non-blocking.
+            Some(libc::ENXIO) => PrivateFileError::Unsafe {
+                path: path.to_path_buf(),
+                reason: "is not a regular file".into(),
+                fix: "remove it, or give another path",
+            },
             Some(libc::ELOOP) => PrivateFileError::Unsafe {
                 path: path.to_path_buf(),
                 reason:
@@ -203,13 +228,31 @@ mod tests {
         let mode = std::fs::metadata(&mine).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         open(&mine.join("e.ndjson"), true).unwrap();
-        // A group-writable, non-sticky ancestor is not.
+        // A world-writable, non-sticky ancestor is not; a root-owned group-writable one
+        // (Ubuntu's /var/log) is.
+        let w = d.join("world-nosticky");
+        std::fs::create_dir(&w).unwrap();
+        std::fs::create_dir(w.join("sub")).unwrap();
+        std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = open(&w.join("sub/e.ndjson"), true).unwrap_err().to_string();
+        assert!(e.contains("writable by other users"), "{e}");
         let g = d.join("group");
         std::fs::create_dir(&g).unwrap();
         std::fs::create_dir(g.join("sub")).unwrap();
         std::fs::set_permissions(&g, std::fs::Permissions::from_mode(0o775)).unwrap();
-        let e = open(&g.join("sub/e.ndjson"), true).unwrap_err().to_string();
-        assert!(e.contains("group") || e.contains("writable"), "{e}");
+        open(&g.join("sub/e.ndjson"), true).unwrap();
+        // A link in a middle component is resolved once, and the file opened where it led.
+        let via = d.join("via");
+        std::os::unix::fs::symlink(&mine, &via).unwrap();
+        open(&via.join("v.ndjson"), true).unwrap();
+        assert!(mine.join("v.ndjson").exists());
+        // A FIFO planted under the name is refused, not waited on.
+        let fifo = mine.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = open(&fifo, true).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -1079,8 +1079,10 @@ pub mod churn {
             );
             let early = mid.saturating_sub(first);
             let late = last.saturating_sub(mid);
+            // Slack for the allocator's and the writer's buffers settling: 10 % of the
+            // first wave's RSS plus 512 KiB.
             assert!(
-                late <= early / 4 + 512,
+                late <= early / 4 + first / 10 + 512,
                 "agent RSS still grows: {first} -> {mid} -> {last} KiB over {} cgroups: {self:?}",
                 self.cgroups
             );

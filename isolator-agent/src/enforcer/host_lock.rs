@@ -24,7 +24,7 @@ impl HostLock {
             let holder = dir
                 .metadata()
                 .ok()
-                .and_then(|m| holder_pid(m.ino()))
+                .and_then(|m| holder_pid(m.dev(), m.ino()))
                 .map(|p| format!(" (pid {p})"))
                 .unwrap_or_default();
             return Err(EnforceError::HostLock {
@@ -38,15 +38,15 @@ impl HostLock {
     }
 }
 
-/// The pid holding an flock on inode `ino`, from /proc/locks
-/// ("1: FLOCK  ADVISORY  WRITE 1234 00:1d:1 0 EOF").
-fn holder_pid(ino: u64) -> Option<u32> {
+/// The pid holding an flock on the file (`dev`, `ino`), from /proc/locks
+/// ("1: FLOCK  ADVISORY  WRITE 1234 00:1d:1 0 EOF": major and minor in hex, inode).
+fn holder_pid(dev: u64, ino: u64) -> Option<u32> {
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
     let text = std::fs::read_to_string("/proc/locks").ok()?;
     text.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         let (kind, pid, id) = (f.get(1)?, f.get(4)?, f.get(5)?);
-        let lock_ino: u64 = id.rsplit(':').next()?.parse().ok()?;
-        (*kind == "FLOCK" && lock_ino == ino).then(|| pid.parse().ok())?
+        (*kind == "FLOCK" && *id == want).then(|| pid.parse().ok())?
     })
 }
 

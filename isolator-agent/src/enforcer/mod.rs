@@ -68,6 +68,8 @@ pub enum EnforceError {
     },
     #[error("{message}")]
     HostLock { message: String },
+    #[error("cannot read {0} ({1}); check permissions and the cgroup controller")]
+    Read(PathBuf, std::io::Error),
 }
 
 /// Outcome of putting one knob back.
@@ -144,11 +146,7 @@ fn read_file(file: &Path) -> Result<String, EnforceError> {
         if e.kind() == std::io::ErrorKind::NotFound {
             missing(file)
         } else {
-            EnforceError::Unavailable(
-                file.to_path_buf(),
-                e.to_string(),
-                "this kernel or I/O scheduler does not offer the knob",
-            )
+            EnforceError::Read(file.to_path_buf(), e)
         }
     })
 }
@@ -467,7 +465,8 @@ impl Enforcer {
         let current = match read_file(&file) {
             Ok(t) => e.knob.parse(&t),
             Err(EnforceError::CgroupGone(_)) => return done("gone", None),
-            // The knob itself left (bfq switched off): no limit of ours is in force.
+            // The knob file itself left (bfq switched off): no limit of ours is in force.
+            // Any other read error keeps the entry, to be retried.
             Err(EnforceError::Unavailable(..)) => return done("gone", None),
             Err(err) => return (restored(e, &file, format!("failed: {err}"), None), true),
         };
@@ -539,10 +538,11 @@ impl Enforcer {
         self.restore_where(|_| true)
     }
 
-    /// A cgroup left its service (vanished, re-created, renamed, or no longer matched):
-    /// its knobs are put back where it still exists, and closed where it does not.
-    pub fn release(&mut self, cgroup_ino: u64) -> Vec<Restored> {
-        self.restore_where(|e| e.cgroup_ino == cgroup_ino)
+    /// Cgroups left their service (vanished, re-created, renamed, or no longer matched):
+    /// their knobs are put back where they still exist, and closed where they do not.
+    pub fn release(&mut self, cgroup_inos: &[u64]) -> Vec<Restored> {
+        let inos: HashSet<u64> = cgroup_inos.iter().copied().collect();
+        self.restore_where(|e| inos.contains(&e.cgroup_ino))
     }
 
     /// Restores what a journal left behind by a crashed agent lists. A journal from another
@@ -895,6 +895,35 @@ mod tests {
     }
 
     #[test]
+    fn a_link_inside_the_hierarchy_never_leads_a_restore_outside_it() {
+        let f = Fake::new(CgroupMode::V2);
+        crash_with_cap(&f);
+        // A directory outside the hierarchy, reached through a link inside it, holding a
+        // file named like a knob.
+        let outside = f.root.join("outside");
+        std::fs::create_dir_all(outside.join("cg")).unwrap();
+        std::fs::write(outside.join("cg/io.max"), "precious\n").unwrap();
+        std::os::unix::fs::symlink(&outside, f.dir("/evil")).unwrap();
+        let path = f.journal_dir().join("journal.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["entries"][0]["cgroup"] = "/evil/cg".into();
+        v["entries"][0]["cgroup_ino"] = std::fs::metadata(outside.join("cg")).unwrap().ino().into();
+        std::fs::write(&path, v.to_string()).unwrap();
+        let mut e = Enforcer::new(f.hierarchy(), Some(reopen_journal(&f)));
+        let r = e.recover().unwrap();
+        assert!(r[0].result.starts_with("refused"), "{r:?}");
+        assert!(
+            r[0].result.contains("outside the cgroup hierarchy"),
+            "{r:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("cg/io.max")).unwrap(),
+            "precious\n"
+        );
+    }
+
+    #[test]
     fn a_device_that_is_gone_closes_its_entries() {
         let f = Fake::new(CgroupMode::V2);
         let mut e = f.enforcer();
@@ -929,7 +958,7 @@ mod tests {
         std::fs::remove_dir_all(f.dir("/cg")).unwrap();
         let err = e.apply("/cg", wbps(Some(3 << 20))).unwrap_err();
         assert!(matches!(err, EnforceError::CgroupGone(_)), "{err}");
-        let r = e.release(e.journal_entries()[0].cgroup_ino);
+        let r = e.release(&[e.journal_entries()[0].cgroup_ino]);
         assert_eq!(r[0].result, "gone");
         assert!(e.journal_entries().is_empty());
     }
