@@ -22,6 +22,8 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
+# The agent writes events only in a directory no other user can write (tmpfs /tmp is 1777).
+mkdir -m 700 /tmp/ev
 mount -t cgroup2 none /sys/fs/cgroup
 # Waits (at most 120 s) until the agent writing events to $1 has started.
 wait_started() {
@@ -38,9 +40,9 @@ echo "=== uname $(uname -r)"
 echo "=== nullb0 $(cat /sys/block/nullb0/dev)"
 /isolator check
 echo "=== check rc=$?"
-/isolator run --interval 1s --json /tmp/ev.json 2>/tmp/agent.err &
+/isolator run --interval 1s --json /tmp/ev/ev.json 2>/tmp/agent.err &
 AP=$!
-wait_started /tmp/ev.json
+wait_started /tmp/ev/ev.json
 L=/loadgen
 $L --cgroup /sys/fs/cgroup/a --path /dev/nullb0 --op write --bytes 33554432 --bs 65536 --direct --threads 2 &
 P1=$!
@@ -63,13 +65,13 @@ cat /sys/fs/cgroup/a/io.stat
 echo "=== io.stat b"
 cat /sys/fs/cgroup/b/io.stat
 echo "=== events"
-cat /tmp/ev.json
+cat /tmp/ev/ev.json
 # Enforcement on v2: a ceiling (io.max) and a weight (io.weight), then SIGTERM restores.
 mkdir /sys/fs/cgroup/c
 printf '[[service]]\nname = "c"\ncgroup = "/c"\nclass = "best-effort"\nceiling = "10MB/s"\nweight = 300\n' > /tmp/c.toml
-/isolator run --interval 1s --json /tmp/ev2.json --config /tmp/c.toml --journal-dir /tmp/j 2>/tmp/agent2.err &
+/isolator run --interval 1s --json /tmp/ev/ev2.json --config /tmp/c.toml --journal-dir /tmp/j 2>/tmp/agent2.err &
 AP=$!
-wait_started /tmp/ev2.json
+wait_started /tmp/ev/ev2.json
 $L --cgroup /sys/fs/cgroup/c --path /dev/nullb0 --op randread --bytes 107374182400 --bs 65536 --direct --seconds 6
 echo "=== io.max during"
 cat /sys/fs/cgroup/c/io.max
@@ -84,7 +86,7 @@ cat /sys/fs/cgroup/c/io.max
 echo "=== io.weight after"
 cat /sys/fs/cgroup/c/io.weight
 echo "=== events2"
-cat /tmp/ev2.json
+cat /tmp/ev/ev2.json
 echo "=== end"
 poweroff -f
 "#;
