@@ -796,11 +796,7 @@ mod tests {
         use super::super::{parse_fraction, parse_interval};
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 2000,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(2000))]
 
             /// Any text: an interval in 1s..=10s or an error, never a panic.
             #[test]

@@ -231,11 +231,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 1000,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(1000))]
 
             #[test]
             fn hierarchy_of_any_mountinfo(

@@ -1332,14 +1332,6 @@ floor = "20MB/s"
 
         use super::super::*;
 
-        fn budget(cases: u32) -> ProptestConfig {
-            ProptestConfig {
-                cases,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            }
-        }
-
         /// `s` as a TOML basic string.
         fn toml_str(s: &str) -> String {
             let mut out = String::from("\"");
@@ -1564,7 +1556,7 @@ floor = "20MB/s"
         }
 
         proptest! {
-            #![proptest_config(budget(2000))]
+            #![proptest_config(crate::proptest_budget(2000))]
 
             #[test]
             fn config_of_any_text(text in any::<String>()) {

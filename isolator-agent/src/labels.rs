@@ -432,11 +432,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 2000,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(2000))]
 
             /// Any labels, any bounds: an SLO within them, nothing, or an error naming a
             /// label on one line; never a panic.

@@ -24,3 +24,14 @@ pub mod privileges;
 pub mod probe;
 pub mod stream;
 pub mod top;
+
+/// The property tests' budget: a fixed number of cases, and no failure files written into
+/// the tree, so the suite's run is bounded and leaves nothing.
+#[cfg(test)]
+pub(crate) fn proptest_budget(cases: u32) -> proptest::prelude::ProptestConfig {
+    proptest::prelude::ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..Default::default()
+    }
+}

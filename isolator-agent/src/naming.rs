@@ -390,11 +390,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 2000,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(2000))]
 
             #[test]
             fn name_of_any_path(path in any::<String>()) {

@@ -1607,11 +1607,7 @@ pub(crate) mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 500,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(500))]
 
             #[test]
             fn any_lines(lines in prop::collection::vec(any::<String>(), 0..8)) {
@@ -1632,11 +1628,7 @@ pub(crate) mod tests {
 
         proptest! {
             // The whole recorded stream per case: fewer cases.
-            #![proptest_config(ProptestConfig {
-                cases: 100,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(100))]
 
             #[test]
             fn a_recorded_stream_with_broken_lines(lines in arb::mutated_stream()) {

@@ -880,11 +880,7 @@ mod tests {
 
         proptest! {
             // Drawing is the slow part: fewer cases.
-            #![proptest_config(ProptestConfig {
-                cases: 64,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
+            #![proptest_config(crate::proptest_budget(64))]
 
             /// Whatever the agent says, top draws it (bad lines refused by the model).
             #[test]
