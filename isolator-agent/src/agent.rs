@@ -230,10 +230,7 @@ impl Agent {
     pub fn start(opts: &RunOptions) -> Result<Self> {
         let sink = match &opts.json {
             Some(p) => NdjsonSink::file(p).with_context(|| {
-                format!(
-                    "cannot open --json {}; choose a writable path in a directory only root can write",
-                    p.display()
-                )
+                format!("cannot open --json {}; choose a writable path", p.display())
             })?,
             None => NdjsonSink::stdout(),
         };
@@ -245,17 +242,31 @@ impl Agent {
         if !privileges::can_load_bpf(privileges::effective_caps()) {
             bail!(privileges::NEED_PRIVILEGES);
         }
+        // Said after agent_start, so that bad input below is the only thing a failed start
+        // prints.
+        let mut early_events = vec![];
         if let Err(e) = privileges::raise_memlock() {
             // Kernels >= 5.11 charge BPF memory to the memory cgroup: not fatal.
-            sink.emit(&Event::Warning {
+            early_events.push(Event::Warning {
                 code: "memlock".into(),
                 message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
             });
         }
         let hierarchy = IoHierarchy::detect()?;
+        // The config is checked before anything is locked, recovered or written.
+        let config = match &opts.config {
+            None => None,
+            Some(path) => {
+                let cfg = Config::load(path)?;
+                let paths: Vec<String> = hierarchy.scan().into_values().collect();
+                cfg.check_against(&path.display().to_string(), &paths)?;
+                let policy = policy::by_name(&opts.policy, opts.ute_threshold)
+                    .with_context(|| format!("unknown policy '{}'", opts.policy))?;
+                Some((cfg, policy))
+            }
+        };
         // One agent per host enforces; a journal left by a crashed run is restored (where
         // its knobs still hold what it wrote) before anything else.
-        let mut early_events = vec![];
         let enforcer = if opts.config.is_some() && !opts.dry_run {
             let lock = HostLock::acquire(&hierarchy.root)?;
             let mut e = Enforcer::new(hierarchy.clone(), Some(Journal::open(&opts.journal_dir)?))
@@ -285,14 +296,10 @@ impl Agent {
             }
             Enforcer::new(hierarchy.clone(), None)
         };
-        let control = match &opts.config {
+        let control = match config {
             None => None,
-            Some(path) => {
-                let cfg = Config::load(path)?;
+            Some((cfg, policy)) => {
                 let paths: Vec<String> = hierarchy.scan().into_values().collect();
-                cfg.check_against(&path.display().to_string(), &paths)?;
-                let policy = policy::by_name(&opts.policy, opts.ute_threshold)
-                    .with_context(|| format!("unknown policy '{}'", opts.policy))?;
                 let mut c = Controller::new(cfg, policy, enforcer);
                 early_events.extend(c.refresh(&hierarchy, &paths, &ContainerTable::default(), 0));
                 Some(c)
