@@ -305,6 +305,7 @@ impl Agent {
                 Some(c)
             }
         };
+        let stats_map = probe::StatsCapacity::of_this_host()?;
         let btf = probe::load_btf(&opts.btf)?;
         let mut probe = Probe::load(btf)?;
         let collector = Collector::new(&mut probe.ebpf)?;
@@ -333,6 +334,7 @@ impl Agent {
             policy: control.as_ref().map(|c| c.policy_name().to_string()),
             config: opts.config.as_ref().map(|p| p.display().to_string()),
             dry_run: opts.dry_run,
+            stats_map,
         });
         for e in &early_events {
             sink.emit(e);

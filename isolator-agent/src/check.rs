@@ -76,6 +76,8 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         ),
     });
 
+    items.push(capacity_item(probe::StatsCapacity::of_this_host()));
+
     let btf = match probe::load_btf(btf_path) {
         Result::Ok(b) => b,
         Err(e) => {
@@ -206,6 +208,36 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     items
 }
 
+/// Kernel memory 1,000 keys would take above which the host is warned: per-CPU values for
+/// every possible CPU make a big host's keys expensive.
+const KEYS_MEMORY_WARN_BYTES: u64 = 256 << 20;
+
+fn capacity_item(cap: Result<probe::StatsCapacity, probe::ProbeError>) -> Item {
+    let cap = match cap {
+        Ok(c) => c,
+        Err(e) => return item("capacity", Status::Fail, e.to_string(), None),
+    };
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let per_1000 = cap.bytes_per_key * 1000;
+    let detail = format!(
+        "up to {} (cgroup, disk, op) keys; each holds {} B of kernel memory ({} possible CPUs): {:.1} MiB per 1,000 active keys",
+        cap.capacity_keys,
+        cap.bytes_per_key,
+        cap.possible_cpus,
+        mib(per_1000)
+    );
+    if per_1000 > KEYS_MEMORY_WARN_BYTES {
+        item(
+            "capacity",
+            Status::Warn,
+            detail,
+            Some("the per-CPU statistics cost this much on hosts with many possible CPUs; where far fewer CPUs are ever online, boot with possible_cpus=N to bound them"),
+        )
+    } else {
+        item("capacity", Status::Ok, detail, None)
+    }
+}
+
 pub fn render(items: &[Item]) -> String {
     let mut s = String::new();
     for i in items {
@@ -222,4 +254,30 @@ pub fn render(items: &[Item]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_warns_where_per_cpu_values_get_expensive() {
+        let at = |cpus: u32| {
+            capacity_item(Ok(probe::StatsCapacity {
+                capacity_keys: 16384,
+                possible_cpus: cpus,
+                bytes_per_key: 12352 * cpus as u64,
+            }))
+        };
+        let small = at(2);
+        assert_eq!(small.status, Status::Ok, "{}", small.detail);
+        assert!(
+            small.detail.contains("23.6 MiB per 1,000"),
+            "{}",
+            small.detail
+        );
+        let big = at(128);
+        assert_eq!(big.status, Status::Warn, "{}", big.detail);
+        assert!(big.fix.unwrap().contains("possible_cpus"));
+    }
 }

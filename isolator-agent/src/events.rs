@@ -140,6 +140,8 @@ pub enum Event {
         policy: Option<String>,
         config: Option<String>,
         dry_run: bool,
+        /// The per-key statistics map: capacity and kernel memory per key.
+        stats_map: crate::probe::StatsCapacity,
     },
     CgroupStats {
         cycle: u64,

@@ -67,6 +67,27 @@ pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
     Ok(KernelBtf::from_file(path)?)
 }
 
+/// What the per-key statistics map can hold, and what one key costs: a per-CPU map keeps a
+/// value for every *possible* CPU, online or not.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct StatsCapacity {
+    pub capacity_keys: u32,
+    pub possible_cpus: u32,
+    /// Kernel memory one (cgroup, disk, op) key's values take: its per-CPU values.
+    pub bytes_per_key: u64,
+}
+
+impl StatsCapacity {
+    pub fn of_this_host() -> Result<StatsCapacity, ProbeError> {
+        let cpus = possible_cpus()?;
+        Ok(StatsCapacity {
+            capacity_keys: isolator_common::STATS_CAPACITY_KEYS,
+            possible_cpus: cpus,
+            bytes_per_key: std::mem::size_of::<isolator_common::IoStats>() as u64 * cpus as u64,
+        })
+    }
+}
+
 /// Highest possible CPU id + 1: the programs index per-CPU spill slots by
 /// bpf_get_smp_processor_id().
 fn possible_cpus() -> Result<u32, ProbeError> {

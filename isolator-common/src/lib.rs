@@ -125,6 +125,9 @@ pub const OFFSETS_HAVE_BLKCG: u32 = 1;
 /// Name of the global the loader sets with [`KernelOffsets`].
 pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 
+/// Keys IO_STATS holds at most; a key beyond is a counted loss (`cycle_end.map_full`).
+pub const STATS_CAPACITY_KEYS: u32 = 16384;
+
 /// Names of the maps the agent reads (the programs' `#[map(name = ...)]` must match).
 pub const MAP_STATS: &str = "IO_STATS";
 pub const MAP_INFLIGHT: &str = "INFLIGHT";

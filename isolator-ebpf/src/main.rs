@@ -51,7 +51,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     flags: 0,
 };
 
-const MAX_KEYS: u32 = 16384;
+const MAX_KEYS: u32 = isolator_common::STATS_CAPACITY_KEYS;
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_NOEXIST: u64 = 1;
 
