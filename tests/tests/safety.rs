@@ -182,6 +182,20 @@ fn a_panic_restores_every_limit() {
     assert!(!rig.journal.join("journal.json").exists());
 }
 
+/// An agent started by hand: SIGTERMed and reaped if the test fails before it stops it, so
+/// that no agent outlives its test (and re-creates its scratch directory for its socket).
+struct Reaped(Option<Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Reads events from the agent's socket until `pred` holds.
 fn socket_wait(lines: &mut impl Iterator<Item = Value>, pred: impl Fn(&Value) -> bool) -> Value {
     lines
@@ -193,26 +207,28 @@ fn socket_wait(lines: &mut impl Iterator<Item = Value>, pred: impl Fn(&Value) ->
 fn a_closed_stdout_does_not_stop_control() {
     let rig = Rig::new(1, 40);
     let socket = rig.scratch.path("isolator.sock");
-    let mut child = Command::new(isolator_bin())
-        .args([
-            "run",
-            "--interval",
-            "1s",
-            "--docker-socket",
-            "off",
-            "--config",
-        ])
-        .arg(&rig.config)
-        .arg("--journal-dir")
-        .arg(&rig.journal)
-        .arg("--socket")
-        .arg(&socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped(Some(
+        Command::new(isolator_bin())
+            .args([
+                "run",
+                "--interval",
+                "1s",
+                "--docker-socket",
+                "off",
+                "--config",
+            ])
+            .arg(&rig.config)
+            .arg("--journal-dir")
+            .arg(&rig.journal)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     // As `isolator run | head -c1`: one byte, then the reader is gone.
-    let mut stdout = child.stdout.take().unwrap();
+    let mut stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
     let mut one = [0u8; 1];
     stdout.read_exact(&mut one).unwrap();
     drop(stdout);
@@ -239,6 +255,7 @@ fn a_closed_stdout_does_not_stop_control() {
     socket_wait(&mut lines, |e| {
         e["type"] == "cycle_end" && e["cycle"].as_u64() >= Some(first + 5)
     });
+    let child = child.0.take().unwrap();
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
