@@ -331,12 +331,9 @@ impl NdjsonSink {
         self.socket = Some(socket);
     }
 
+    /// Writes one event. What happens to the output is reported at [`NdjsonSink::flush`],
+    /// once per cycle, not looked up per event.
     pub fn emit(&mut self, event: &Event) {
-        self.write(event);
-        self.report_output();
-    }
-
-    fn write(&mut self, event: &Event) {
         let env = Envelope {
             schema: SCHEMA_VERSION,
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -374,7 +371,7 @@ impl NdjsonSink {
                 ),
             };
             tracing::warn!(code, "{message}");
-            self.write(&Event::Warning {
+            self.emit(&Event::Warning {
                 code: code.into(),
                 message,
             });
@@ -386,7 +383,8 @@ impl NdjsonSink {
         self.out.dropped()
     }
 
-    /// Reports output faults seen since the last event.
+    /// Reports output faults seen since the last flush; the agent calls it at the end of
+    /// start-up and of every cycle.
     pub fn flush(&mut self) {
         self.report_output();
     }

@@ -177,7 +177,6 @@ struct PlannedWrite {
     slot: usize,
     file: PathBuf,
     ino: u64,
-    line: String,
 }
 
 pub struct Enforcer {
@@ -285,24 +284,17 @@ impl Enforcer {
                 }));
                 continue;
             }
+            // The knob already holds the value: nothing to journal or write.
+            let write = current != new;
             match journal.find(ino, &knob) {
-                None if current == new => {}
-                None => {
-                    journal.entries_mut().push(JournalEntry {
-                        cgroup: rel.clone(),
-                        cgroup_ino: ino,
-                        knob: knob.clone(),
-                        original: current,
-                        written: vec![new.clone()],
-                    });
-                    journal_changed = true;
-                    planned.push(PlannedWrite {
-                        slot,
-                        file,
-                        ino,
-                        line: line.clone(),
-                    });
-                }
+                None if write => journal.entries_mut().push(JournalEntry {
+                    cgroup: rel.clone(),
+                    cgroup_ino: ino,
+                    knob: knob.clone(),
+                    original: current,
+                    written: vec![new.clone()],
+                }),
+                None => {}
                 Some(i) => {
                     let e = &journal.entries()[i];
                     if current != e.original && !e.holds_ours(&current) {
@@ -318,19 +310,14 @@ impl Enforcer {
                         }));
                         continue;
                     }
-                    if current != new {
-                        let e = &mut journal.entries_mut()[i];
-                        e.written = vec![current, new.clone()];
-                        e.written.dedup();
-                        journal_changed = true;
-                        planned.push(PlannedWrite {
-                            slot,
-                            file,
-                            ino,
-                            line: line.clone(),
-                        });
+                    if write {
+                        journal.entries_mut()[i].written = vec![current, new.clone()];
                     }
                 }
+            }
+            if write {
+                journal_changed = true;
+                planned.push(PlannedWrite { slot, file, ino });
             }
             results.push(Ok(change));
         }
@@ -361,7 +348,7 @@ impl Enforcer {
         }
         let mut closed = false;
         for p in planned {
-            if let Err(e) = write_line(&p.file, &p.line) {
+            if let Err(e) = write_line(&p.file, &line) {
                 results[p.slot] = Err(e);
                 continue;
             }
