@@ -51,4 +51,38 @@ for meta in linux-image-amd64 linux-image-6.12-amd64; do
     mv "$KDIR/$pkg.partial" "$KDIR/$pkg"
   fi
 done
+
+# Debian 11's 5.10 kernel. bullseye is not in the host's apt sources and is never added:
+# a private apt state under target/ (own sources.list, lists, cache, empty dpkg status so
+# the host's installed packages don't affect the candidate) resolves and downloads it;
+# signatures are checked against the host's debian-archive-keyring. Fetched once.
+if ! compgen -G "$KDIR/linux-image-5.10.0-*-amd64/" >/dev/null; then
+  ADIR=$PWD/target/apt-bullseye
+  KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+  mkdir -p "$ADIR/lists/partial" "$ADIR/cache"
+  : >"$ADIR/status"
+  {
+    echo "deb [arch=amd64 signed-by=$KEYRING] http://deb.debian.org/debian bullseye main"
+    echo "deb [arch=amd64 signed-by=$KEYRING] http://deb.debian.org/debian bullseye-updates main"
+    echo "deb [arch=amd64 signed-by=$KEYRING] http://deb.debian.org/debian-security bullseye-security main"
+  } >"$ADIR/sources.list"
+  BAPT=(-o Dir::Etc::SourceList="$ADIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
+    -o Dir::State::Lists="$ADIR/lists" -o Dir::State::status="$ADIR/status"
+    -o Dir::Cache="$ADIR/cache" -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false)
+  apt-get "${BAPT[@]}" -qq --error-on=any update >"$ADIR/update.log" 2>&1 ||
+    { log "cannot fetch bullseye package lists from deb.debian.org (see target/apt-bullseye/update.log)"; exit 1; }
+  pkg=$(apt-cache "${BAPT[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-5\.10\.0-/{print $2; exit}')
+  [[ -n "$pkg" ]] || { log "cannot resolve bullseye linux-image-amd64 to a 5.10 kernel"; exit 1; }
+  log "fetching $pkg"
+  rm -rf "$ADIR/download" "$KDIR/$pkg.partial"
+  mkdir -p "$ADIR/download"
+  # _apt cannot write the root-owned download dir: fetch as root (no "unsandboxed" warning).
+  (cd "$ADIR/download" && apt-get "${BAPT[@]}" -o APT::Sandbox::User=root -qq download "$pkg" \
+    >"$ADIR/download.log" 2>&1) ||
+    { log "cannot download $pkg from deb.debian.org (see target/apt-bullseye/download.log)"; exit 1; }
+  dpkg-deb -x "$ADIR/download"/*.deb "$KDIR/$pkg.partial"
+  rm -rf "$ADIR/download"
+  mv "$KDIR/$pkg.partial" "$KDIR/$pkg"
+fi
 log "ok"

@@ -63,6 +63,38 @@ pub struct RunOptions {
     /// do not serve).
     #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// (cgroup, disk, op) keys the kernel counters hold (104 B each, allocated at start); a
+    /// request of a key beyond is a counted loss (cycle_end.map_full).
+    #[arg(long, value_name = "N", default_value_t = isolator_common::DEFAULT_MAX_KEYS, value_parser = parse_key_count)]
+    pub max_keys: u32,
+    /// Keys with latency histograms at most (16 KiB each, allocated on a key's first
+    /// completion); beyond, samples are counted as unsampled_requests.
+    #[arg(long, value_name = "N", default_value_t = isolator_common::DEFAULT_MAX_HISTOGRAM_KEYS, value_parser = parse_key_count)]
+    pub max_histogram_keys: u32,
+    /// A key idle this long with nothing in flight leaves the kernel maps and the agent's
+    /// tables (1s to 1h).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_idle_timeout)]
+    pub idle_key_timeout: Duration,
+}
+
+fn parse_key_count(s: &str) -> Result<u32, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of keys; use e.g. 16384"))?;
+    if !(16..=1 << 20).contains(&n) {
+        return Err(format!("{n} keys is outside 16..=1048576"));
+    }
+    Ok(n as u32)
+}
+
+fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|_| format!("'{s}' is not a duration; use e.g. 60s or 5m"))?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+        return Err(format!("'{s}' is outside 1s..=1h"));
+    }
+    Ok(d)
 }
 
 impl RunOptions {
@@ -305,10 +337,14 @@ impl Agent {
                 Some(c)
             }
         };
-        let stats_map = probe::StatsCapacity::of_this_host()?;
+        let limits = probe::MapLimits {
+            max_keys: opts.max_keys,
+            max_histogram_keys: opts.max_histogram_keys,
+        };
+        let stats_map = probe::StatsCapacity::of_this_host(limits)?;
         let btf = probe::load_btf(&opts.btf)?;
-        let mut probe = Probe::load(btf)?;
-        let collector = Collector::new(&mut probe.ebpf)?;
+        let mut probe = Probe::load(btf, limits)?;
+        let collector = Collector::new(&mut probe.ebpf, opts.idle_key_timeout.as_nanos() as u64)?;
         if opts.socket.as_os_str() != "off" {
             match StreamServer::bind(&opts.socket) {
                 Ok(s) => sink.serve(s),
@@ -335,6 +371,7 @@ impl Agent {
             config: opts.config.as_ref().map(|p| p.display().to_string()),
             dry_run: opts.dry_run,
             stats_map,
+            kernel_features: probe.features,
         });
         for e in &early_events {
             sink.emit(e);
@@ -473,6 +510,9 @@ impl Agent {
                 ),
             });
         }
+        for key in &snap.evicted {
+            self.metrics.forget_key(key);
+        }
         let interval_s = snap.interval_ns as f64 / 1e9;
 
         let records = self.records(&snap);
@@ -536,6 +576,7 @@ impl Agent {
             interval_s,
             cgroups: n,
             tracked_keys: self.collector.tracked_keys(),
+            evicted_keys: snap.evicted.len(),
             preexisting_completions: snap.preexisting_completions,
             map_full: snap.map_full,
             unsampled_requests: snap.unsampled,

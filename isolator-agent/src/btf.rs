@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, path::Path};
 
-use isolator_common::{KernelOffsets, OFFSETS_HAVE_BLKCG};
+use isolator_common::{KernelOffsets, OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -377,11 +377,22 @@ impl KernelBtf {
             rq_data_len: m("request", "__data_len", 4)?,
             rq_start_time_ns: m("request", "start_time_ns", 8)?,
             rq_io_start_time_ns: m("request", "io_start_time_ns", 8)?,
-            q_disk: m("request_queue", "disk", 8)?,
             disk_major: m("gendisk", "major", 4)?,
             disk_first_minor: m("gendisk", "first_minor", 4)?,
             ..Default::default()
         };
+        // The request's gendisk: through its queue from 5.15, in the request itself before
+        // 5.17 (5.15 and 5.16 have both; the queue's is preferred).
+        match m("request_queue", "disk", 8) {
+            Ok(off) => o.q_disk = off,
+            Err(queue_err) => match m("request", "rq_disk", 8) {
+                Ok(off) => {
+                    o.rq_disk = off;
+                    o.flags |= OFFSETS_DISK_IN_REQUEST;
+                }
+                Err(_) => return Err(queue_err),
+            },
+        }
         // Without CONFIG_BLK_CGROUP there is no bio->bi_blkg: everything is unattributed,
         // which is also what the kernel's accounting says.
         if let Ok(bi_blkg) = m("bio", "bi_blkg", 8) {

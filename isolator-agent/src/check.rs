@@ -76,7 +76,9 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         ),
     });
 
-    items.push(capacity_item(probe::StatsCapacity::of_this_host()));
+    items.push(capacity_item(probe::StatsCapacity::of_this_host(
+        probe::MapLimits::default(),
+    )));
 
     let btf = match probe::load_btf(btf_path) {
         Result::Ok(b) => b,
@@ -85,16 +87,22 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
             return items;
         }
     };
-    match btf.kernel_offsets() {
+    let offsets = btf.kernel_offsets();
+    match &offsets {
         Result::Ok(o) => items.push(item(
             "btf",
             Ok,
             format!(
-                "{}: request.bio@{} .io_start_time_ns@{} .start_time_ns@{}, bio.bi_blkg@{}, kernfs_node.id@{}",
+                "{}: request.bio@{} .io_start_time_ns@{} .start_time_ns@{}, {}, bio.bi_blkg@{}, kernfs_node.id@{}",
                 btf.source(),
                 o.rq_bio,
                 o.rq_io_start_time_ns,
                 o.rq_start_time_ns,
+                if o.flags & isolator_common::OFFSETS_DISK_IN_REQUEST != 0 {
+                    format!("request.rq_disk@{}", o.rq_disk)
+                } else {
+                    format!("request_queue.disk@{}", o.q_disk)
+                },
                 o.bio_bi_blkg,
                 o.kn_id
             ),
@@ -111,8 +119,9 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     let tracefs = std::fs::read_to_string("/proc/self/mounts")
         .map(|m| m.lines().any(|l| l.split(' ').nth(2) == Some("tracefs")))
         .unwrap_or(false);
-    items.push(match probe::check_tracepoints(&btf) {
-        Result::Ok(()) => item(
+    let queue_first = probe::check_tracepoints(&btf);
+    items.push(match &queue_first {
+        Result::Ok(_) => item(
             "tracepoints",
             Ok,
             format!(
@@ -123,9 +132,24 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         ),
         Err(e) => item("tracepoints", Fail, e.to_string(), Some("see the message")),
     });
+    if let (Result::Ok(o), Result::Ok(queue_first)) = (&offsets, &queue_first) {
+        let features = probe::KernelFeatures {
+            disk_in_request: o.flags & isolator_common::OFFSETS_DISK_IN_REQUEST != 0,
+            queue_first_tracepoints: *queue_first,
+        };
+        items.push(item(
+            "features",
+            Ok,
+            format!(
+                "{}; nothing degraded (the programs use only what 5.10 has: BTF tracepoints, plain atomic adds)",
+                features.describe()
+            ),
+            None,
+        ));
+    }
 
     if privileged {
-        items.push(match Probe::load(btf) {
+        items.push(match Probe::load(btf, probe::MapLimits::default()) {
             Result::Ok(_p) => item(
                 "load",
                 Ok,
@@ -208,8 +232,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     items
 }
 
-/// Kernel memory 1,000 keys would take above which the host is warned: per-CPU values for
-/// every possible CPU make a big host's keys expensive.
+/// Kernel memory the statistics maps may take at most above which the host is warned.
 const KEYS_MEMORY_WARN_BYTES: u64 = 256 << 20;
 
 fn capacity_item(cap: Result<probe::StatsCapacity, probe::ProbeError>) -> Item {
@@ -218,20 +241,22 @@ fn capacity_item(cap: Result<probe::StatsCapacity, probe::ProbeError>) -> Item {
         Err(e) => return item("capacity", Status::Fail, e.to_string(), None),
     };
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let per_1000 = cap.bytes_per_key * 1000;
     let detail = format!(
-        "up to {} (cgroup, disk, op) keys; each holds {} B of kernel memory ({} possible CPUs): {:.1} MiB per 1,000 active keys",
+        "counters for up to {} (cgroup, disk, op) keys ({:.1} MiB, allocated at start), histograms for up to {} keys ({} KiB each, {:.1} MiB at most); nothing per CPU ({} possible CPUs): {:.1} MiB per 1,000 active keys",
         cap.capacity_keys,
-        cap.bytes_per_key,
+        mib(cap.counters_bytes),
+        cap.capacity_histogram_keys,
+        cap.histogram_bytes_per_key >> 10,
+        mib(cap.histogram_bytes_per_key * cap.capacity_histogram_keys as u64),
         cap.possible_cpus,
-        mib(per_1000)
+        mib(cap.histogram_bytes_per_key * 1000 + cap.counters_bytes / cap.capacity_keys.max(1) as u64 * 1000),
     );
-    if per_1000 > KEYS_MEMORY_WARN_BYTES {
+    if cap.max_bytes > KEYS_MEMORY_WARN_BYTES {
         item(
             "capacity",
             Status::Warn,
             detail,
-            Some("the per-CPU statistics cost this much on hosts with many possible CPUs; where far fewer CPUs are ever online, boot with possible_cpus=N to bound them"),
+            Some("lower --max-histogram-keys (16 KiB of kernel memory each when full)"),
         )
     } else {
         item("capacity", Status::Ok, detail, None)
@@ -261,23 +286,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn capacity_warns_where_per_cpu_values_get_expensive() {
-        let at = |cpus: u32| {
-            capacity_item(Ok(probe::StatsCapacity {
-                capacity_keys: 16384,
-                possible_cpus: cpus,
-                bytes_per_key: 12352 * cpus as u64,
+    fn capacity_is_stated_and_warns_only_past_the_budget() {
+        let at = |hist_keys: u32| {
+            capacity_item(probe::StatsCapacity::of_this_host(probe::MapLimits {
+                max_keys: 16384,
+                max_histogram_keys: hist_keys,
             }))
         };
-        let small = at(2);
-        assert_eq!(small.status, Status::Ok, "{}", small.detail);
+        let default = at(4096);
+        assert_eq!(default.status, Status::Ok, "{}", default.detail);
         assert!(
-            small.detail.contains("23.6 MiB per 1,000"),
+            default.detail.contains("16 KiB each, 64.0 MiB at most"),
             "{}",
-            small.detail
+            default.detail
         );
-        let big = at(128);
+        assert!(
+            default.detail.contains("1.6 MiB, allocated"),
+            "{}",
+            default.detail
+        );
+        let big = at(65536);
         assert_eq!(big.status, Status::Warn, "{}", big.detail);
-        assert!(big.fix.unwrap().contains("possible_cpus"));
+        assert!(big.fix.unwrap().contains("--max-histogram-keys"));
     }
 }

@@ -1,17 +1,20 @@
 //! Reads the eBPF maps once per cycle and diffs them into a [`Snapshot`]: what happened in
-//! the cycle per (cgroup, disk, op). Keys of cgroups that no longer exist are removed from
-//! the maps so they cannot grow without bound.
+//! the cycle per (cgroup, disk, op). Every key's small counters are read each cycle; a
+//! key's histograms (12 KiB) only when it completed requests since the last read, so the
+//! cost follows the active keys. Keys idle for `idle_timeout` leave the maps and the
+//! agent's tables, as do keys of cgroups that no longer exist, so nothing grows without
+//! bound.
 
 use std::collections::{HashMap, HashSet};
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
+    maps::{Array, HashMap as BpfHashMap, MapData},
     Ebpf,
 };
 use isolator_common::{
-    Inflight, IoKey, IoStats, SpillSlot, HIST_BUCKETS, MAP_AGENT_STATE, MAP_INFLIGHT, MAP_SPILL,
-    MAP_STATS, OP_READ, OP_WRITE, SPILL_OWNED, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_MAP_FULL,
-    STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
+    IoKey, KeyCounters, KeyHistograms, HIST_BUCKETS, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ,
+    OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
+    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
 };
 
 use crate::disks::DiskStat;
@@ -41,6 +44,8 @@ pub struct KeyDelta {
     /// Requests counted in flight whose completion the programs never saw, found
     /// completed this cycle (see [`InflightLedger`]). Not in `ios`, `bytes` or latency.
     pub untraced_completions: u64,
+    /// A request of the key was issued this cycle.
+    pub issued: bool,
 }
 
 impl KeyDelta {
@@ -51,7 +56,7 @@ impl KeyDelta {
     /// Whether any request was issued or completed in the cycle. In-flight counts are left
     /// out: a completion the programs never saw keeps a key "in flight" until it is reset.
     pub fn had_requests(&self) -> bool {
-        self.ios != 0 || self.bytes != 0 || self.queue_count != 0
+        self.ios != 0 || self.bytes != 0 || self.issued
     }
 }
 
@@ -64,13 +69,15 @@ pub struct Snapshot {
     pub deltas: Vec<KeyDelta>,
     /// Completions of requests issued before the programs were attached (cumulative).
     pub preexisting_completions: u64,
-    /// Completions lost because neither a map entry nor a spill slot was free
+    /// Requests (issues and completions) lost because the counters map was full
     /// (cumulative).
     pub map_full: u64,
-    /// Requests whose latency or queue-time sample is missing from the histograms because
-    /// their map entry could not be allocated at that moment (cumulative); their bytes and
-    /// ios are counted.
+    /// Completions whose latency samples are missing from the histograms because the key's
+    /// histogram entry could not be allocated (cumulative); their bytes and ios are counted.
     pub unsampled: u64,
+    /// Keys that left the maps this cycle: idle for the idle timeout with nothing in
+    /// flight.
+    pub evicted: Vec<IoKey>,
     /// The programs saw requests without a start time: block_rq_insert is needed.
     pub need_insert: bool,
     /// Some disk's queue does not fill io_start_time_ns: its requests are timed with an
@@ -198,6 +205,11 @@ impl InflightLedger {
         self.untraced_total
     }
 
+    pub fn forget_key(&mut self, key: &IoKey) {
+        self.offset.remove(key);
+        self.idle_since_ns.remove(key);
+    }
+
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
         self.offset.retain(|k, _| k.cgroup_id != cgroup_id);
         self.idle_since_ns.retain(|k, _| k.cgroup_id != cgroup_id);
@@ -212,141 +224,80 @@ pub enum CollectError {
     Map(&'static str, aya::maps::MapError),
 }
 
-/// Completions counted in a spill slot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SpillCounts {
-    pub ios: u64,
-    pub bytes: u64,
-}
-
-impl SpillCounts {
-    fn add(&mut self, o: SpillCounts) {
-        self.ios = self.ios.wrapping_add(o.ios);
-        self.bytes = self.bytes.wrapping_add(o.bytes);
-    }
-}
-
-/// Bookkeeping of the spill slots (map I/O stays in [`Collector`]): which slots are owned,
-/// and the counts of freed slots, which stay part of their key's cumulative totals.
+/// What a key's counters and histograms held at the last read: the baseline of the next
+/// diff. Histograms are kept sparse (a busy key fills tens to hundreds of the 3 x 1024
+/// buckets), so a baseline costs bytes per sampled bucket, not 12 KiB per key.
 #[derive(Debug, Default)]
-pub struct SpillLedger {
-    carry: HashMap<IoKey, SpillCounts>,
-    /// Slots owned at the last read (index, key).
-    owned: Vec<(u32, IoKey)>,
-    /// STATE_UNSAMPLED at the last read: a new spill always raises it.
-    unsampled: u64,
+struct Baseline {
+    ios: u64,
+    bytes: u64,
+    sums: [u64; 3],
+    hists: [Vec<(u16, u32)>; 3],
+    /// Monotonic time of the last cycle with an issue or a completion.
+    last_active_ns: u64,
 }
 
-impl SpillLedger {
-    /// Slots are read only while some are owned or after a new spill, so a host whose
-    /// inserts never fail pays nothing.
-    pub fn needs_read(&self, unsampled: u64) -> bool {
-        !self.owned.is_empty() || unsampled != self.unsampled
-    }
-
-    /// Folds this cycle's owned slots (`None`: not read) into per-key additions to the
-    /// cumulative totals, and returns the slots to free: those whose key already had its
-    /// own map entry at the previous read, a cycle ago, so no program can still be
-    /// spilling it. Their counts move into the carry.
-    pub fn fold(
-        &mut self,
-        slots: Option<&[(u32, IoKey, SpillCounts)]>,
-        had_entry: &HashSet<IoKey>,
-        unsampled: u64,
-    ) -> (HashMap<IoKey, SpillCounts>, Vec<u32>) {
-        let mut adds = self.carry.clone();
-        let mut free = Vec::new();
-        let Some(slots) = slots else {
-            return (adds, free);
-        };
-        self.unsampled = unsampled;
-        self.owned.clear();
-        for &(idx, key, counts) in slots {
-            adds.entry(key).or_default().add(counts);
-            if had_entry.contains(&key) {
-                self.carry.entry(key).or_default().add(counts);
-                free.push(idx);
-            } else {
-                self.owned.push((idx, key));
+/// Diffs a cumulative dense histogram against its sparse baseline: the cycle's delta, and
+/// `base` becomes the new baseline. Wrapping: exact while a bucket gets fewer than 2^32
+/// samples per cycle.
+fn diff_histogram(now: &[u32; HIST_BUCKETS], base: &mut Vec<(u16, u32)>) -> (SparseHist, u64) {
+    let mut delta = Vec::new();
+    let mut next = Vec::with_capacity(base.len() + 4);
+    let mut old = base.iter().peekable();
+    let mut count = 0u64;
+    for (i, &n) in now.iter().enumerate() {
+        let p = match old.peek() {
+            Some(&&(j, v)) if j as usize == i => {
+                old.next();
+                v
             }
+            _ => 0,
+        };
+        if n != 0 {
+            next.push((i as u16, n));
         }
-        (adds, free)
+        let d = n.wrapping_sub(p);
+        if d != 0 {
+            delta.push((i as u16, d as u64));
+            count += d as u64;
+        }
     }
-
-    /// Drops a vanished cgroup's carry; returns its slots to free.
-    pub fn forget_cgroup(&mut self, cgroup_id: u64) -> Vec<u32> {
-        self.carry.retain(|k, _| k.cgroup_id != cgroup_id);
-        let (gone, kept): (Vec<_>, Vec<_>) = self
-            .owned
-            .iter()
-            .partition(|(_, k)| k.cgroup_id == cgroup_id);
-        self.owned = kept;
-        gone.into_iter().map(|(idx, _)| idx).collect()
-    }
+    *base = next;
+    (delta, count)
 }
 
-/// Adds one CPU's counters into a running sum (the kernel never resets them; wrapping
-/// keeps the per-cycle differences exact).
-fn accumulate(sum: &mut IoStats, v: &IoStats) {
-    sum.ios = sum.ios.wrapping_add(v.ios);
-    sum.bytes = sum.bytes.wrapping_add(v.bytes);
-    sum.lat_count = sum.lat_count.wrapping_add(v.lat_count);
-    sum.lat_sum_ns = sum.lat_sum_ns.wrapping_add(v.lat_sum_ns);
-    sum.queue_count = sum.queue_count.wrapping_add(v.queue_count);
-    sum.queue_sum_ns = sum.queue_sum_ns.wrapping_add(v.queue_sum_ns);
-    sum.total_count = sum.total_count.wrapping_add(v.total_count);
-    sum.total_sum_ns = sum.total_sum_ns.wrapping_add(v.total_sum_ns);
-    for i in 0..HIST_BUCKETS {
-        sum.lat_hist[i] = sum.lat_hist[i].wrapping_add(v.lat_hist[i]);
-        sum.queue_hist[i] = sum.queue_hist[i].wrapping_add(v.queue_hist[i]);
-        sum.total_hist[i] = sum.total_hist[i].wrapping_add(v.total_hist[i]);
-    }
+/// The histogram part of a key's cycle: fills `d` from `now` and moves the baseline on.
+fn diff_histograms(d: &mut KeyDelta, now: &KeyHistograms, base: &mut Baseline) {
+    let sums = [now.lat_sum_ns, now.queue_sum_ns, now.total_sum_ns];
+    let [lat, queue, total] = &mut base.hists;
+    (d.lat_hist, d.lat_count) = diff_histogram(&now.lat_hist, lat);
+    (d.queue_hist, d.queue_count) = diff_histogram(&now.queue_hist, queue);
+    (d.total_hist, d.total_count) = diff_histogram(&now.total_hist, total);
+    d.lat_sum_ns = sums[0].wrapping_sub(base.sums[0]);
+    d.queue_sum_ns = sums[1].wrapping_sub(base.sums[1]);
+    d.total_sum_ns = sums[2].wrapping_sub(base.sums[2]);
+    base.sums = sums;
 }
 
-fn hist_delta(now: &[u32; HIST_BUCKETS], prev: &[u32; HIST_BUCKETS]) -> SparseHist {
-    now.iter()
-        .zip(prev.iter())
-        .enumerate()
-        .filter_map(|(i, (n, p))| {
-            let d = n.wrapping_sub(*p);
-            (d != 0).then_some((i as u16, d as u64))
-        })
-        .collect()
-}
+/// Keys idle this long, with nothing in flight, leave the maps: twice the block layer's
+/// request timeout, so a key is never dropped under a request that is merely slow.
+pub const DEFAULT_IDLE_TIMEOUT_NS: u64 = 60_000_000_000;
 
-fn diff(key: IoKey, now: &IoStats, prev: &IoStats) -> KeyDelta {
-    KeyDelta {
-        key,
-        ios: now.ios.wrapping_sub(prev.ios),
-        bytes: now.bytes.wrapping_sub(prev.bytes),
-        lat_count: now.lat_count.wrapping_sub(prev.lat_count),
-        lat_sum_ns: now.lat_sum_ns.wrapping_sub(prev.lat_sum_ns),
-        queue_count: now.queue_count.wrapping_sub(prev.queue_count),
-        queue_sum_ns: now.queue_sum_ns.wrapping_sub(prev.queue_sum_ns),
-        lat_hist: hist_delta(&now.lat_hist, &prev.lat_hist),
-        queue_hist: hist_delta(&now.queue_hist, &prev.queue_hist),
-        total_count: now.total_count.wrapping_sub(prev.total_count),
-        total_sum_ns: now.total_sum_ns.wrapping_sub(prev.total_sum_ns),
-        total_hist: hist_delta(&now.total_hist, &prev.total_hist),
-        inflight_now: 0,
-        inflight_peak: 0,
-        untraced_completions: 0,
-    }
-}
+/// The programs record requests in EARLY_COUNTED for at least this long after attach
+/// (twice the check window of the completion program).
+const EARLY_WINDOW_NS: u64 = 200_000_000;
 
 pub struct Collector {
-    stats: PerCpuHashMap<MapData, IoKey, IoStats>,
-    inflight: BpfHashMap<MapData, IoKey, Inflight>,
+    keys: BpfHashMap<MapData, IoKey, KeyCounters>,
+    hists: BpfHashMap<MapData, IoKey, KeyHistograms>,
     state: Array<MapData, u64>,
-    spill: Array<MapData, SpillSlot>,
-    spill_ledger: SpillLedger,
-    /// Keys that had an IO_STATS entry at the last read.
-    had_entry: HashSet<IoKey>,
-    /// Summed counters of each key as last read: the baseline of the next diff.
-    prev: HashMap<IoKey, Box<IoStats>>,
+    /// Each key's counters and histograms as last read.
+    prev: HashMap<IoKey, Baseline>,
     /// In-flight level of each key at the end of the previous cycle.
     prev_inflight: HashMap<IoKey, i64>,
     inflight_ledger: InflightLedger,
+    idle_timeout_ns: u64,
+    early_window_open: bool,
     cycle: u64,
     last_read_ns: u64,
 }
@@ -363,7 +314,7 @@ pub fn monotonic_ns() -> u64 {
 
 impl Collector {
     /// Takes the maps out of the loaded object (the programs stay attached in `ebpf`).
-    pub fn new(ebpf: &mut Ebpf) -> Result<Self, CollectError> {
+    pub fn new(ebpf: &mut Ebpf, idle_timeout_ns: u64) -> Result<Self, CollectError> {
         fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CollectError>
         where
             T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
@@ -372,15 +323,14 @@ impl Collector {
             T::try_from(m).map_err(|e| CollectError::Map(name, e))
         }
         let mut c = Collector {
-            stats: take(ebpf, MAP_STATS)?,
-            inflight: take(ebpf, MAP_INFLIGHT)?,
+            keys: take(ebpf, MAP_KEYS)?,
+            hists: take(ebpf, MAP_HISTS)?,
             state: take(ebpf, MAP_AGENT_STATE)?,
-            spill: take(ebpf, MAP_SPILL)?,
-            spill_ledger: SpillLedger::default(),
-            had_entry: HashSet::new(),
             prev: HashMap::new(),
             prev_inflight: HashMap::new(),
             inflight_ledger: InflightLedger::default(),
+            idle_timeout_ns,
+            early_window_open: true,
             cycle: 0,
             last_read_ns: monotonic_ns(),
         };
@@ -398,81 +348,83 @@ impl Collector {
             .map_err(|e| CollectError::Map(MAP_AGENT_STATE, e))
     }
 
-    /// Reads and diffs all maps into the next cycle's snapshot.
+    fn state(&self, slot: u32) -> u64 {
+        self.state.get(&slot, 0).unwrap_or(0)
+    }
+
+    /// Closes the attach-time window of the issue program once it has lasted long enough.
+    fn close_early_window(&mut self, now_ns: u64) {
+        if self.early_window_open
+            && now_ns.saturating_sub(self.state(STATE_FIRST_ISSUE_NS)) >= EARLY_WINDOW_NS
+            && self.state.set(STATE_EARLY_WINDOW, 0, 0).is_ok()
+        {
+            self.early_window_open = false;
+        }
+    }
+
+    /// Reads and diffs the maps into the next cycle's snapshot.
     pub fn collect(&mut self) -> Result<Snapshot, CollectError> {
         let now_ns = monotonic_ns();
         let interval_ns = now_ns.saturating_sub(self.last_read_ns).max(1);
         self.last_read_ns = now_ns;
         self.cycle += 1;
-
-        let keys: Vec<IoKey> = self.stats.keys().filter_map(Result::ok).collect();
-        let mut totals: HashMap<IoKey, Box<IoStats>> = HashMap::with_capacity(keys.len());
-        for key in keys {
-            let values = match self.stats.get(&key, 0) {
-                Ok(v) => v,
-                Err(aya::maps::MapError::KeyNotFound) => continue,
-                Err(e) => return Err(CollectError::Map(MAP_STATS, e)),
-            };
-            let mut now = Box::new(IoStats::ZERO);
-            for v in values.iter() {
-                accumulate(&mut now, v);
-            }
-            totals.insert(key, now);
-        }
-        let had_entry: HashSet<IoKey> = totals.keys().copied().collect();
-        let unsampled = self.state.get(&STATE_UNSAMPLED, 0).unwrap_or(0);
-        let slots = if self.spill_ledger.needs_read(unsampled) {
-            Some(self.owned_spill_slots()?)
-        } else {
-            None
-        };
-        let (adds, free) = self
-            .spill_ledger
-            .fold(slots.as_deref(), &self.had_entry, unsampled);
-        self.free_spill_slots(&free)?;
-        self.had_entry = had_entry;
-        for (key, c) in adds {
-            let now = totals.entry(key).or_insert_with(|| Box::new(IoStats::ZERO));
-            now.ios = now.ios.wrapping_add(c.ios);
-            now.bytes = now.bytes.wrapping_add(c.bytes);
-        }
-
-        let mut deltas = Vec::with_capacity(totals.len());
-        let mut seen = HashSet::with_capacity(totals.len());
-        for (key, now) in totals {
-            let prev = self.prev.get(&key).map_or(&IoStats::ZERO, |p| &**p);
-            deltas.push(diff(key, &now, prev));
-            self.prev.insert(key, now);
-            seen.insert(key);
-        }
-        // Keys removed from the maps (by forget()) drop their baseline too.
-        self.prev.retain(|k, _| seen.contains(k));
-
-        // Peaks: the programs restart a key's peak at its first issue in a new epoch.
         let epoch = self.cycle;
-        let inflight: HashMap<IoKey, Inflight> =
-            self.inflight.iter().filter_map(Result::ok).collect();
-        self.start_epoch()?;
-        for key in inflight.keys() {
-            if !seen.contains(key) {
-                // In flight but nothing completed or queued yet: still worth reporting.
-                deltas.push(KeyDelta {
-                    key: *key,
-                    ..Default::default()
-                });
+        self.close_early_window(now_ns);
+
+        // Counters first, histograms after: the programs add a completion's samples before
+        // its count, so a count seen here has its samples in the histograms read below.
+        let mut counters: Vec<(IoKey, KeyCounters)> = Vec::with_capacity(self.prev.len() + 16);
+        for item in self.keys.iter() {
+            match item {
+                Ok(kv) => counters.push(kv),
+                // Deleted between the key walk and its lookup.
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(e) => return Err(CollectError::Map(MAP_KEYS, e)),
             }
         }
-        // Idle: no issue (the programs stamp the epoch at a key's first issue in a cycle)
-        // and no completion.
-        let idle = |d: &KeyDelta, v: &Inflight| !d.had_requests() && v.epoch != epoch;
+        self.start_epoch()?;
+
+        let mut deltas = Vec::with_capacity(counters.len());
+        for (key, c) in &counters {
+            let base = self.prev.entry(*key).or_default();
+            let mut d = KeyDelta {
+                key: *key,
+                ios: c.ios.wrapping_sub(base.ios),
+                bytes: c.bytes.wrapping_sub(base.bytes),
+                issued: c.peak_epoch == epoch,
+                ..Default::default()
+            };
+            if d.ios != 0 {
+                match self.hists.get(key, 0) {
+                    Ok(h) => diff_histograms(&mut d, &h, base),
+                    // No entry: every sample of the key was lost (counted as unsampled).
+                    Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(CollectError::Map(MAP_HISTS, e)),
+                }
+            }
+            base.ios = c.ios;
+            base.bytes = c.bytes;
+            if d.had_requests() {
+                base.last_active_ns = now_ns;
+            } else if base.last_active_ns == 0 {
+                base.last_active_ns = now_ns;
+            }
+            deltas.push(d);
+        }
+        // Keys removed from the maps (forgotten, evicted) drop their baseline too.
+        if self.prev.len() != counters.len() {
+            let seen: HashSet<IoKey> = counters.iter().map(|(k, _)| *k).collect();
+            self.prev.retain(|k, _| seen.contains(k));
+        }
+
+        let inflight: HashMap<IoKey, KeyCounters> = counters.into_iter().collect();
+        // Idle: no issue and no completion this cycle.
+        let idle = |d: &KeyDelta| !d.had_requests();
         let mut suspects: HashMap<u32, Vec<(IoKey, i64)>> = HashMap::new();
         for d in &deltas {
-            let v = inflight.get(&d.key).copied().unwrap_or_default();
-            if self.inflight_ledger.suspect(d.key, v.count, idle(d, &v)) {
-                suspects
-                    .entry(d.key.dev)
-                    .or_default()
-                    .push((d.key, v.count));
+            let count = inflight.get(&d.key).map_or(0, |c| c.inflight);
+            if self.inflight_ledger.suspect(d.key, count, idle(d)) {
+                suspects.entry(d.key.dev).or_default().push((d.key, count));
             }
         }
         let quiet: HashSet<IoKey> = suspects
@@ -482,12 +434,13 @@ impl Collector {
             .collect();
         let mut ends = HashMap::with_capacity(inflight.len());
         let mut inflight_resets = Vec::new();
+        let mut evicted = Vec::new();
         for d in &mut deltas {
             let v = inflight.get(&d.key).copied().unwrap_or_default();
             let end = self.inflight_ledger.end_cycle(
                 d.key,
-                v.count,
-                idle(d, &v),
+                v.inflight,
+                idle(d),
                 quiet.contains(&d.key),
                 now_ns,
             );
@@ -501,26 +454,40 @@ impl Collector {
             // it held then).
             let carried = self.prev_inflight.get(&d.key).copied().unwrap_or(0) - end.untraced;
             let mut peak = now.max(carried);
-            if v.epoch == epoch {
+            if d.issued {
                 peak = peak.max(v.peak - end.offset);
             }
             d.inflight_now = now as u64;
             d.inflight_peak = peak.max(0) as u64;
             d.untraced_completions = end.untraced as u64;
-            ends.insert(d.key, now);
+            let idle_since = self.prev.get(&d.key).map_or(now_ns, |b| b.last_active_ns);
+            if d.is_idle() && now == 0 && now_ns.saturating_sub(idle_since) >= self.idle_timeout_ns
+            {
+                evicted.push(d.key);
+            } else {
+                ends.insert(d.key, now);
+            }
         }
         self.prev_inflight = ends;
+        if !evicted.is_empty() {
+            for key in &evicted {
+                self.remove_key(key);
+            }
+            let gone: HashSet<IoKey> = evicted.iter().copied().collect();
+            deltas.retain(|d| !gone.contains(&d.key));
+        }
         deltas.sort_by_key(|d| d.key);
 
         Ok(Snapshot {
             cycle: self.cycle,
             interval_ns,
             deltas,
-            preexisting_completions: self.state.get(&STATE_PREEXISTING, 0).unwrap_or(0),
-            map_full: self.state.get(&STATE_MAP_FULL, 0).unwrap_or(0),
-            unsampled,
-            need_insert: self.state.get(&STATE_NEED_INSERT, 0).unwrap_or(0) != 0,
-            issue_map_timing: self.state.get(&STATE_FALLBACK_ANY, 0).unwrap_or(0) != 0,
+            preexisting_completions: self.state(STATE_PREEXISTING),
+            map_full: self.state(STATE_MAP_FULL),
+            unsampled: self.state(STATE_UNSAMPLED),
+            evicted,
+            need_insert: self.state(STATE_NEED_INSERT) != 0,
+            issue_map_timing: self.state(STATE_FALLBACK_ANY) != 0,
             inflight_resets,
             untraced_completions: self.inflight_ledger.untraced_total(),
         })
@@ -541,50 +508,27 @@ impl Collector {
         }
         let unchanged = suspects
             .iter()
-            .all(|(k, c)| self.inflight.get(k, 0).is_ok_and(|v| v.count == *c));
+            .all(|(k, c)| self.keys.get(k, 0).is_ok_and(|v| v.inflight == *c));
         let Some(after) = DiskStat::read(dev) else {
             return false;
         };
         unchanged && after.in_flight == 0 && after.completed == before.completed
     }
 
-    /// The spill slots in use: (index, key, counts).
-    fn owned_spill_slots(&self) -> Result<Vec<(u32, IoKey, SpillCounts)>, CollectError> {
-        let mut owned = Vec::new();
-        for idx in 0..self.spill.len() {
-            let slot = self
-                .spill
-                .get(&idx, 0)
-                .map_err(|e| CollectError::Map(MAP_SPILL, e))?;
-            if slot.state == SPILL_OWNED {
-                let counts = SpillCounts {
-                    ios: slot.ios,
-                    bytes: slot.bytes,
-                };
-                owned.push((idx, slot.key, counts));
-            }
-        }
-        Ok(owned)
-    }
-
-    /// Frees spill slots the ledger has folded: no program writes them any more.
-    fn free_spill_slots(&mut self, slots: &[u32]) -> Result<(), CollectError> {
-        for &idx in slots {
-            self.spill
-                .set(idx, SpillSlot::default(), 0)
-                .map_err(|e| CollectError::Map(MAP_SPILL, e))?;
-        }
-        Ok(())
+    /// Removes a key from the maps and every table of the collector. A request that lands
+    /// on it in the same microseconds starts the key afresh (its in-flight decrement, if it
+    /// was counted before, is clamped by the ledger).
+    fn remove_key(&mut self, key: &IoKey) {
+        let _ = self.keys.remove(key);
+        let _ = self.hists.remove(key);
+        self.prev.remove(key);
+        self.prev_inflight.remove(key);
+        self.inflight_ledger.forget_key(key);
     }
 
     /// Removes every key of `cgroup_id` from the maps (the cgroup no longer exists). The
-    /// keys come from this cycle's read, which saw every key of both maps.
+    /// keys come from this cycle's read, which saw every key of the maps.
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
-        let slots = self.spill_ledger.forget_cgroup(cgroup_id);
-        if let Err(e) = self.free_spill_slots(&slots) {
-            tracing::warn!("freeing spill slots of cgroup {cgroup_id}: {e}");
-        }
-        self.had_entry.retain(|k| k.cgroup_id != cgroup_id);
         let keys: Vec<IoKey> = self
             .prev
             .keys()
@@ -593,15 +537,12 @@ impl Collector {
             .copied()
             .collect();
         for k in keys {
-            let _ = self.stats.remove(&k);
-            let _ = self.inflight.remove(&k);
-            self.prev.remove(&k);
-            self.prev_inflight.remove(&k);
+            self.remove_key(&k);
         }
         self.inflight_ledger.forget_cgroup(cgroup_id);
     }
 
-    /// Number of keys currently held in the stats map.
+    /// Number of keys currently held in the maps.
     pub fn tracked_keys(&self) -> usize {
         self.prev.len()
     }
@@ -612,17 +553,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn diff_wraps_u32_histogram_counters() {
-        let mut prev = Box::new(IoStats::ZERO);
-        let mut now = Box::new(IoStats::ZERO);
-        prev.lat_hist[7] = u32::MAX - 1;
-        now.lat_hist[7] = 3; // wrapped: 5 new samples
-        now.lat_hist[9] = 2;
-        prev.ios = 10;
-        now.ios = 17;
-        let d = diff(IoKey::default(), &now, &prev);
-        assert_eq!(d.lat_hist, vec![(7, 5), (9, 2)]);
-        assert_eq!(d.ios, 7);
+    fn histogram_diff_is_exact_across_wraps_and_keeps_a_sparse_baseline() {
+        let mut base = Vec::new();
+        let mut now = [0u32; HIST_BUCKETS];
+        now[7] = u32::MAX - 1;
+        now[900] = 4;
+        let (d, n) = diff_histogram(&now, &mut base);
+        assert_eq!(d, vec![(7, (u32::MAX - 1) as u64), (900, 4)]);
+        assert_eq!(n, (u32::MAX - 1) as u64 + 4);
+        assert_eq!(base, vec![(7, u32::MAX - 1), (900, 4)]);
+        // Bucket 7 wraps (5 new samples), 9 is new, 900 is unchanged.
+        now[7] = 3;
+        now[9] = 2;
+        let (d, n) = diff_histogram(&now, &mut base);
+        assert_eq!(d, vec![(7, 5), (9, 2)]);
+        assert_eq!(n, 7);
+        assert_eq!(base, vec![(7, 3), (9, 2), (900, 4)]);
+        // A bucket that wraps to exactly 0 still counts its 2^32 - 3 samples.
+        now[7] = 0;
+        let (d, _) = diff_histogram(&now, &mut base);
+        assert_eq!(d, vec![(7, (u32::MAX - 2) as u64)]);
+        assert_eq!(base, vec![(9, 2), (900, 4)]);
+        let (d, n) = diff_histogram(&now, &mut base);
+        assert!(d.is_empty() && n == 0);
+    }
+
+    #[test]
+    fn key_histograms_diff_into_counts_and_sums() {
+        let mut h = Box::new(KeyHistograms::ZERO);
+        h.lat_hist[100] = 3;
+        h.lat_sum_ns = 3000;
+        h.total_hist[120] = 3;
+        h.total_sum_ns = 9000;
+        h.queue_hist[5] = 2;
+        h.queue_sum_ns = 10;
+        let mut base = Baseline::default();
+        let mut d = KeyDelta::default();
+        diff_histograms(&mut d, &h, &mut base);
+        assert_eq!((d.lat_count, d.lat_sum_ns), (3, 3000));
+        assert_eq!((d.total_count, d.total_sum_ns), (3, 9000));
+        assert_eq!(
+            (d.queue_count, d.queue_sum_ns, d.queue_hist.clone()),
+            (2, 10, vec![(5, 2)])
+        );
+        h.lat_hist[101] = 1;
+        h.lat_sum_ns = 4100;
+        let mut d = KeyDelta::default();
+        diff_histograms(&mut d, &h, &mut base);
+        assert_eq!(
+            (d.lat_count, d.lat_sum_ns, d.lat_hist),
+            (1, 1100, vec![(101, 1)])
+        );
+        assert_eq!((d.total_count, d.queue_count), (0, 0));
     }
 
     fn key(cgroup_id: u64) -> IoKey {
@@ -631,10 +613,6 @@ mod tests {
             dev: 8 << 20,
             op: 0,
         }
-    }
-
-    fn counts(ios: u64, bytes: u64) -> SpillCounts {
-        SpillCounts { ios, bytes }
     }
 
     fn op_key(op: u32) -> IoKey {
@@ -708,61 +686,5 @@ mod tests {
         l.forget_cgroup(1);
         assert!(l.offset.is_empty() && l.idle_since_ns.is_empty());
         assert_eq!(l.end_cycle(k, 2, false, false, 52 * S).level, 2);
-    }
-
-    #[test]
-    fn spill_slots_stay_in_the_totals_after_they_are_freed() {
-        let mut ledger = SpillLedger::default();
-        let (a, b) = (key(1), key(2));
-        assert!(!ledger.needs_read(0), "nothing spilled: no read");
-        assert!(ledger.needs_read(3), "a new spill is read");
-
-        // Cycle 1: a spilled on two CPUs, b on one; neither had an entry before.
-        let slots = [
-            (0, a, counts(2, 8192)),
-            (16, a, counts(1, 4096)),
-            (1, b, counts(1, 512)),
-        ];
-        let (adds, free) = ledger.fold(Some(&slots), &HashSet::new(), 3);
-        assert_eq!(adds[&a], counts(3, 12288));
-        assert_eq!(adds[&b], counts(1, 512));
-        assert!(
-            free.is_empty(),
-            "no key had an entry a cycle ago: slots may still be written"
-        );
-        assert!(ledger.needs_read(3), "owned slots are read every cycle");
-
-        // Cycle 2: a has had an entry since cycle 1, b has not; b's slot grew.
-        let had_entry = HashSet::from([a]);
-        let slots = [
-            (0, a, counts(2, 8192)),
-            (16, a, counts(1, 4096)),
-            (1, b, counts(2, 1024)),
-        ];
-        let (adds, mut free) = ledger.fold(Some(&slots), &had_entry, 3);
-        free.sort();
-        assert_eq!(free, vec![0, 16]);
-        assert_eq!(adds[&a], counts(3, 12288), "cumulative, not counted twice");
-        assert_eq!(adds[&b], counts(2, 1024));
-
-        // Cycle 3: a's slots are free, their counts carried; b's slot is still read.
-        let slots = [(1, b, counts(2, 1024))];
-        let (adds, free) = ledger.fold(Some(&slots), &had_entry, 3);
-        assert_eq!(adds[&a], counts(3, 12288));
-        assert!(free.is_empty());
-
-        // b's cgroup goes: its slot is freed, and a quiet ledger stops reading.
-        assert_eq!(ledger.forget_cgroup(2), vec![1]);
-        assert!(!ledger.needs_read(3));
-        let (adds, free) = ledger.fold(None, &had_entry, 3);
-        assert_eq!(adds.get(&b), None);
-        assert_eq!(
-            adds[&a],
-            counts(3, 12288),
-            "the carry counts without a read"
-        );
-        assert!(free.is_empty());
-        assert!(ledger.forget_cgroup(1).is_empty());
-        assert_eq!(ledger.fold(None, &had_entry, 3).0.len(), 0);
     }
 }

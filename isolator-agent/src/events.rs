@@ -142,6 +142,8 @@ pub enum Event {
         dry_run: bool,
         /// The per-key statistics map: capacity and kernel memory per key.
         stats_map: crate::probe::StatsCapacity,
+        /// Where this kernel differs from current ones, as the loader found it.
+        kernel_features: crate::probe::KernelFeatures,
     },
     CgroupStats {
         cycle: u64,
@@ -159,6 +161,8 @@ pub enum Event {
         interval_s: f64,
         cgroups: usize,
         tracked_keys: usize,
+        /// Keys that left the maps this cycle (idle for --idle-key-timeout).
+        evicted_keys: usize,
         preexisting_completions: u64,
         map_full: u64,
         unsampled_requests: u64,

@@ -220,6 +220,10 @@ impl Metrics {
     pub fn forget_cgroup(&mut self, cgroup_id: u64) {
         self.windows.retain(|k, _| k.cgroup_id != cgroup_id);
     }
+
+    pub fn forget_key(&mut self, key: &IoKey) {
+        self.windows.remove(key);
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,11 @@ use std::{
     path::Path,
 };
 
-use aya::{programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
+use aya::{maps::Array, programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
 use isolator_common::{
-    MAP_SPILL, OFFSETS_GLOBAL, ON_DEMAND_PROGRAM, PROGRAMS, SPILL_SLOTS_PER_CPU,
+    KeyCounters, KeyHistograms, ProgramSpec, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
+    MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL,
+    ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
 };
 
 use crate::btf::{BtfError, KernelBtf};
@@ -28,7 +30,7 @@ pub enum ProbeError {
     Btf(#[from] BtfError),
     #[error("kernel BTF has no tracepoint {0}: needs a kernel with block tracepoints (CONFIG_BLK_DEV_IO_TRACE or CONFIG_EVENT_TRACING)")]
     NoTracepoint(String),
-    #[error("tracepoint {0} has arguments ({1}), expected struct request* first")]
+    #[error("tracepoint {0} has arguments ({1}), expected struct request* first (or struct request_queue*, struct request* before 5.11)")]
     TracepointShape(String, String),
     #[error("loading the eBPF object failed: {0}; run 'isolator check' to see what is missing")]
     Load(String),
@@ -39,25 +41,71 @@ pub enum ProbeError {
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Probe {
     pub ebpf: Ebpf,
+    /// (tracepoint, program) this kernel's tracepoints take.
+    programs: Vec<(&'static str, &'static str)>,
     on_demand_attached: bool,
+    pub features: KernelFeatures,
 }
 
-/// Checks the tracepoints the programs need exist with the expected first argument.
-pub fn check_tracepoints(btf: &KernelBtf) -> Result<(), ProbeError> {
-    for (_, tp) in PROGRAMS {
-        let params = btf
-            .tracepoint_params(tp)
-            .ok_or_else(|| ProbeError::NoTracepoint(tp.to_string()))?;
-        // block_rq_complete(rq, error, nr_bytes): the program reads nr_bytes as arg 2.
-        let arity_ok = tp != "block_rq_complete" || params.len() == 3;
-        if params.first().map(String::as_str) != Some("struct request*") || !arity_ok {
-            return Err(ProbeError::TracepointShape(
-                tp.to_string(),
-                params.join(", "),
-            ));
+/// What the running kernel offers the programs, where kernels differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KernelFeatures {
+    /// The request's gendisk is reached through `request.rq_disk` (before 5.15) rather than
+    /// `request_queue.disk`.
+    pub disk_in_request: bool,
+    /// block_rq_issue/insert take `(request_queue, request)` (before 5.11).
+    pub queue_first_tracepoints: bool,
+}
+
+impl KernelFeatures {
+    /// What differs from current kernels, for `isolator check` (nothing is degraded: the
+    /// programs only use what 5.10 has).
+    pub fn describe(&self) -> String {
+        let mut v = Vec::new();
+        if self.disk_in_request {
+            v.push("gendisk from request.rq_disk (no request_queue.disk)");
+        }
+        if self.queue_first_tracepoints {
+            v.push("block_rq_issue/insert take (queue, request)");
+        }
+        if v.is_empty() {
+            "current kernel layout".into()
+        } else {
+            v.join("; ")
         }
     }
-    Ok(())
+}
+
+/// The program for each tracepoint, by the argument list the kernel's BTF declares.
+pub fn select_programs(btf: &KernelBtf) -> Result<Vec<(ProgramSpec, &'static str)>, ProbeError> {
+    PROGRAMS
+        .iter()
+        .map(|spec| {
+            let tp = spec.tracepoint;
+            let params = btf
+                .tracepoint_params(tp)
+                .ok_or_else(|| ProbeError::NoTracepoint(tp.to_string()))?;
+            let shape = || ProbeError::TracepointShape(tp.to_string(), params.join(", "));
+            let first = params.first().map(String::as_str);
+            // block_rq_complete(rq, error, nr_bytes): the program reads nr_bytes as arg 2.
+            if tp == "block_rq_complete" && params.len() != 3 {
+                return Err(shape());
+            }
+            if first == Some("struct request*") {
+                return Ok((*spec, spec.program));
+            }
+            match (spec.program_q_rq, first, params.get(1).map(String::as_str)) {
+                (Some(p), Some("struct request_queue*"), Some("struct request*")) => Ok((*spec, p)),
+                _ => Err(shape()),
+            }
+        })
+        .collect()
+}
+
+/// Checks the tracepoints the programs need exist with an argument list they handle.
+pub fn check_tracepoints(btf: &KernelBtf) -> Result<bool, ProbeError> {
+    let chosen = select_programs(btf)?;
+    Ok(chosen.iter().any(|(spec, p)| *p != spec.program))
 }
 
 pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
@@ -67,29 +115,68 @@ pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
     Ok(KernelBtf::from_file(path)?)
 }
 
-/// What the per-key statistics map can hold, and what one key costs: a per-CPU map keeps a
-/// value for every *possible* CPU, online or not.
+/// How many keys the maps may hold: the operator's kernel-memory budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLimits {
+    /// Counters (KEYS, preallocated).
+    pub max_keys: u32,
+    /// Histograms (HISTS, allocated per key on its first completion).
+    pub max_histogram_keys: u32,
+}
+
+impl Default for MapLimits {
+    fn default() -> Self {
+        MapLimits {
+            max_keys: DEFAULT_MAX_KEYS,
+            max_histogram_keys: DEFAULT_MAX_HISTOGRAM_KEYS,
+        }
+    }
+}
+
+/// Kernel memory of one hash map element: the kernel's `struct htab_elem` header (48 B on
+/// 64-bit), the key and the value, each rounded to 8 B.
+const fn htab_element_bytes(key: usize, value: usize) -> u64 {
+    (48 + key.next_multiple_of(8) + value.next_multiple_of(8)) as u64
+}
+
+/// What the per-key statistics maps hold and what they cost. Nothing is per CPU, so no
+/// figure depends on the number of possible CPUs (stated for comparison).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct StatsCapacity {
+    /// Keys the counters map holds; a new key beyond is a counted loss (`map_full`).
     pub capacity_keys: u32,
+    /// Keys with histograms at most; beyond, latency samples are counted as unsampled.
+    pub capacity_histogram_keys: u32,
     pub possible_cpus: u32,
-    /// Kernel memory one (cgroup, disk, op) key's values take: its per-CPU values.
-    pub bytes_per_key: u64,
+    /// Kernel memory of the counters map, preallocated at start.
+    pub counters_bytes: u64,
+    /// Kernel memory a key's histograms take once it has completed a request.
+    pub histogram_bytes_per_key: u64,
+    /// Both maps full.
+    pub max_bytes: u64,
 }
 
 impl StatsCapacity {
-    pub fn of_this_host() -> Result<StatsCapacity, ProbeError> {
-        let cpus = possible_cpus()?;
+    pub fn of_this_host(limits: MapLimits) -> Result<StatsCapacity, ProbeError> {
+        let key = std::mem::size_of::<isolator_common::IoKey>();
+        let counters = htab_element_bytes(key, std::mem::size_of::<KeyCounters>());
+        // Elements above a page come from the page allocator in powers of two (16 KiB).
+        let hist =
+            htab_element_bytes(key, std::mem::size_of::<KeyHistograms>()).next_power_of_two();
+        let counters_bytes = counters * limits.max_keys as u64;
+        let histogram_bytes = hist * limits.max_histogram_keys as u64;
         Ok(StatsCapacity {
-            capacity_keys: isolator_common::STATS_CAPACITY_KEYS,
-            possible_cpus: cpus,
-            bytes_per_key: std::mem::size_of::<isolator_common::IoStats>() as u64 * cpus as u64,
+            capacity_keys: limits.max_keys,
+            capacity_histogram_keys: limits.max_histogram_keys,
+            possible_cpus: possible_cpus()?,
+            counters_bytes,
+            histogram_bytes_per_key: hist,
+            max_bytes: counters_bytes + histogram_bytes,
         })
     }
 }
 
-/// Highest possible CPU id + 1: the programs index per-CPU spill slots by
-/// bpf_get_smp_processor_id().
+/// Highest possible CPU id + 1 (reported: a per-CPU map would scale with it).
 fn possible_cpus() -> Result<u32, ProbeError> {
     const POSSIBLE: &str = "/sys/devices/system/cpu/possible";
     let text = std::fs::read_to_string(POSSIBLE)
@@ -107,10 +194,21 @@ fn parse_cpu_list(text: &str) -> Option<u32> {
         .try_fold(0u32, |max, n| n.map(|n| max.max(n)))
 }
 
+fn program_mut<'a>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut BtfTracePoint, ProbeError> {
+    ebpf.program_mut(prog)
+        .ok_or_else(|| ProbeError::Load(format!("program {prog} missing from object")))?
+        .try_into()
+        .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))
+}
+
 impl Probe {
-    pub fn load(btf: KernelBtf) -> Result<Self, ProbeError> {
+    pub fn load(btf: KernelBtf, limits: MapLimits) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
-        check_tracepoints(&btf)?;
+        let chosen = select_programs(&btf)?;
+        let features = KernelFeatures {
+            disk_in_request: offsets.flags & OFFSETS_DISK_IN_REQUEST != 0,
+            queue_first_tracepoints: chosen.iter().any(|(spec, p)| *p != spec.program),
+        };
         // aya's own (much larger) model of the kernel BTF, for the programs' attach targets;
         // ours is dropped first so the two never coexist in memory.
         let raw = btf.into_raw();
@@ -121,25 +219,45 @@ impl Probe {
             // The programs use no CO-RE relocations; offsets come in OFFSETS.
             .btf(None)
             .override_global(OFFSETS_GLOBAL, &offsets, true)
-            .map_max_entries(MAP_SPILL, possible_cpus()? * SPILL_SLOTS_PER_CPU)
+            .map_max_entries(MAP_KEYS, limits.max_keys)
+            .map_max_entries(MAP_HISTS, limits.max_histogram_keys)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(error_chain(&e)))?;
-        for (prog, tp) in PROGRAMS {
-            let p: &mut BtfTracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| ProbeError::Load(format!("program {prog} missing from object")))?
-                .try_into()
-                .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))?;
+        let mut programs = Vec::with_capacity(chosen.len());
+        for (spec, prog) in chosen {
+            let tp = spec.tracepoint;
+            let p = program_mut(&mut ebpf, prog)?;
             p.load(tp, &aya_btf)
                 .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
-            if prog != ON_DEMAND_PROGRAM {
-                p.attach()
-                    .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
+            programs.push((tp, prog));
+            if tp == ON_DEMAND_TRACEPOINT {
+                continue;
             }
+            if tp == "block_rq_issue" {
+                // Requests issued from here on are counted in flight; completions of those
+                // issued before are told apart by their issue time (and, near this moment,
+                // by EARLY_COUNTED, open until the agent's first cycle).
+                let mut state: Array<_, u64> =
+                    Array::try_from(ebpf.map_mut(MAP_AGENT_STATE).ok_or_else(|| {
+                        ProbeError::Load(format!("map {MAP_AGENT_STATE} missing"))
+                    })?)
+                    .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))?;
+                state
+                    .set(STATE_EARLY_WINDOW, 1, 0)
+                    .and_then(|()| {
+                        state.set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns(), 0)
+                    })
+                    .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))?;
+            }
+            program_mut(&mut ebpf, prog)?
+                .attach()
+                .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
         }
         Ok(Probe {
             ebpf,
+            programs,
             on_demand_attached: false,
+            features,
         })
     }
 
@@ -153,14 +271,15 @@ impl Probe {
         if self.on_demand_attached {
             return Ok(false);
         }
-        let p: &mut BtfTracePoint = self
-            .ebpf
-            .program_mut(ON_DEMAND_PROGRAM)
-            .ok_or_else(|| ProbeError::Load(format!("{ON_DEMAND_PROGRAM} missing")))?
-            .try_into()
-            .map_err(|e| ProbeError::Load(format!("{ON_DEMAND_PROGRAM}: {e}")))?;
-        p.attach()
-            .map_err(|e| ProbeError::Attach(ON_DEMAND_PROGRAM.to_string(), error_chain(&e)))?;
+        let prog = self
+            .programs
+            .iter()
+            .find(|(tp, _)| *tp == ON_DEMAND_TRACEPOINT)
+            .map(|(_, p)| *p)
+            .ok_or_else(|| ProbeError::Load(format!("{ON_DEMAND_TRACEPOINT} not loaded")))?;
+        program_mut(&mut self.ebpf, prog)?
+            .attach()
+            .map_err(|e| ProbeError::Attach(ON_DEMAND_TRACEPOINT.to_string(), error_chain(&e)))?;
         self.on_demand_attached = true;
         Ok(true)
     }
@@ -236,10 +355,10 @@ impl Probe {
         let u64_at = |b: &[u8; INFO_LEN], off: usize| {
             u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
         };
-        PROGRAMS
+        self.programs
             .iter()
-            .filter_map(|(name, _)| {
-                let p: &BtfTracePoint = self.ebpf.program(name)?.try_into().ok()?;
+            .filter_map(|&(name, prog)| {
+                let p: &BtfTracePoint = self.ebpf.program(prog)?.try_into().ok()?;
                 let fd = p.fd().ok()?.as_fd().as_raw_fd();
                 let info = prog_info(fd)?;
                 Some(ProgramStats {
@@ -255,7 +374,51 @@ impl Probe {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_cpu_list;
+    use super::{parse_cpu_list, EBPF_OBJECT};
+
+    /// The executable sections of an ELF64 little-endian object: (name offset, bytes).
+    fn code_sections(elf: &[u8]) -> Vec<&[u8]> {
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+        assert_eq!(&elf[..4], b"\x7fELF");
+        let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+        const SHF_EXECINSTR: usize = 0x4;
+        (0..shnum)
+            .map(|i| shoff + i * shentsize)
+            .filter(|&h| u64_at(h + 8) & SHF_EXECINSTR != 0)
+            .map(|h| &elf[u64_at(h + 24)..u64_at(h + 24) + u64_at(h + 32)])
+            .collect()
+    }
+
+    /// Kernels before 5.12 verify only the plain atomic add (BPF_XADD): any fetch, xchg or
+    /// cmpxchg in the object would make it fail to load on 5.10.
+    #[test]
+    fn the_object_uses_only_plain_atomic_adds() {
+        const BPF_STX: u8 = 0x03;
+        const BPF_ATOMIC: u8 = 0xc0;
+        const BPF_LD_IMM64: u8 = 0x18;
+        let mut adds = 0;
+        for code in code_sections(EBPF_OBJECT) {
+            let mut i = 0;
+            while i + 8 <= code.len() {
+                let op = code[i];
+                let imm = i32::from_le_bytes(code[i + 4..i + 8].try_into().unwrap());
+                if op & 0x07 == BPF_STX && op & 0xe0 == BPF_ATOMIC {
+                    assert_eq!(
+                        imm, 0,
+                        "atomic instruction {op:#x} with imm {imm:#x} (not a plain add) at byte {i}"
+                    );
+                    adds += 1;
+                }
+                // A 64-bit immediate load takes two slots.
+                i += if op == BPF_LD_IMM64 { 16 } else { 8 };
+            }
+        }
+        assert!(
+            adds >= 6,
+            "only {adds} atomic adds found: is the object empty?"
+        );
+    }
 
     #[test]
     fn cpu_list_gives_the_highest_id() {

@@ -51,43 +51,49 @@ pub struct IoKey {
     pub op: u32,
 }
 
-/// Cumulative per-CPU counters for one [`IoKey`]. Never reset by the kernel; the agent
-/// diffs successive reads. Histogram counts are u32 and diffed with wrapping arithmetic,
-/// which is exact as long as one bucket gets fewer than 2^32 samples per cycle.
+/// Cumulative counters of one [`IoKey`] (the KEYS map): one value shared by every CPU,
+/// updated with atomic adds. Never reset by the kernel; the agent diffs successive reads
+/// with wrapping arithmetic. Small on purpose: it is preallocated for every key the map can
+/// hold, and the agent reads every key's value each cycle.
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IoStats {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCounters {
     /// Completed requests (final completion only).
     pub ios: u64,
     /// Completed bytes (every completion, partial ones included).
     pub bytes: u64,
-    /// Requests with a device-latency sample, and the sum of those samples.
-    pub lat_count: u64,
+    /// Requests counted in flight: +1 at a request's first issue, -1 at its completion.
+    pub inflight: i64,
+    /// Highest `inflight` seen at an issue in cycle `peak_epoch` (a lower bound: read
+    /// after the add, racily).
+    pub peak: i64,
+    pub peak_epoch: u64,
+}
+
+/// Latency samples of one [`IoKey`] (the HISTS map): one value shared by every CPU,
+/// updated with atomic adds, allocated on the key's first completion. Its histograms are
+/// dense and exact; a sample's count is its bucket. Counts are u32, diffed with wrapping
+/// arithmetic, exact while one bucket gets fewer than 2^32 samples per cycle.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KeyHistograms {
+    /// Sums of the samples in each histogram, for means.
     pub lat_sum_ns: u64,
-    /// Requests with a queue-time sample, and the sum of those samples.
-    pub queue_count: u64,
     pub queue_sum_ns: u64,
-    /// Requests with a total-latency sample (request start -> complete: what the
-    /// submitter waits, queueing included), and their sum.
-    pub total_count: u64,
     pub total_sum_ns: u64,
     /// Device latency (issue -> complete), [`latency_bucket`] layout.
     pub lat_hist: [u32; HIST_BUCKETS],
     /// Queue time (request start -> issue), [`latency_bucket`] layout.
     pub queue_hist: [u32; HIST_BUCKETS],
-    /// Total latency (request start -> complete), [`latency_bucket`] layout.
+    /// Total latency (request start -> complete: what the submitter waits, queueing
+    /// included), [`latency_bucket`] layout.
     pub total_hist: [u32; HIST_BUCKETS],
 }
 
-impl IoStats {
-    pub const ZERO: IoStats = IoStats {
-        ios: 0,
-        bytes: 0,
-        lat_count: 0,
+impl KeyHistograms {
+    pub const ZERO: KeyHistograms = KeyHistograms {
         lat_sum_ns: 0,
-        queue_count: 0,
         queue_sum_ns: 0,
-        total_count: 0,
         total_sum_ns: 0,
         lat_hist: [0; HIST_BUCKETS],
         queue_hist: [0; HIST_BUCKETS],
@@ -107,7 +113,10 @@ pub struct KernelOffsets {
     pub rq_data_len: u32,
     pub rq_start_time_ns: u32,
     pub rq_io_start_time_ns: u32,
+    /// `request_queue.disk` (5.15 on) or, with [`OFFSETS_DISK_IN_REQUEST`],
+    /// `request.rq_disk` (before 5.17): where the request's gendisk is found.
     pub q_disk: u32,
+    pub rq_disk: u32,
     pub disk_major: u32,
     pub disk_first_minor: u32,
     pub bio_bi_blkg: u32,
@@ -121,24 +130,31 @@ pub struct KernelOffsets {
 }
 
 pub const OFFSETS_HAVE_BLKCG: u32 = 1;
+/// The gendisk is `request.rq_disk` (kernels before 5.15 have no `request_queue.disk`).
+pub const OFFSETS_DISK_IN_REQUEST: u32 = 2;
 
 /// Name of the global the loader sets with [`KernelOffsets`].
 pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 
-/// Keys IO_STATS holds at most; a key beyond is a counted loss (`cycle_end.map_full`).
-pub const STATS_CAPACITY_KEYS: u32 = 16384;
+/// Keys the KEYS map holds by default (`--max-keys`); a new key beyond is a counted loss
+/// (`cycle_end.map_full`). Preallocated: an insert never fails for want of memory.
+pub const DEFAULT_MAX_KEYS: u32 = 16384;
+/// Keys the HISTS map holds by default (`--max-histogram-keys`); allocated per key on its
+/// first completion. A completion without a histogram entry is a counted loss of its
+/// latency sample (`cycle_end.unsampled_requests`); its bytes and count are kept.
+pub const DEFAULT_MAX_HISTOGRAM_KEYS: u32 = 4096;
 
 /// Names of the maps the agent reads (the programs' `#[map(name = ...)]` must match).
-pub const MAP_STATS: &str = "IO_STATS";
-pub const MAP_INFLIGHT: &str = "INFLIGHT";
+pub const MAP_KEYS: &str = "KEYS";
+pub const MAP_HISTS: &str = "HISTS";
 pub const MAP_AGENT_STATE: &str = "AGENT_STATE";
-pub const MAP_SPILL: &str = "IO_SPILL";
 
-/// Index of the first-issue timestamp in the AGENT_STATE array.
+/// Index of the attach timestamp in the AGENT_STATE array: the agent sets it just before
+/// it attaches the issue program; requests issued before it were not counted in flight.
 pub const STATE_FIRST_ISSUE_NS: u32 = 0;
 /// Count of completions whose request was issued before the programs were attached.
 pub const STATE_PREEXISTING: u32 = 1;
-/// Count of failed map inserts (map full): data lost, reported by the agent.
+/// Count of requests lost because the KEYS map was full: data lost, reported by the agent.
 pub const STATE_MAP_FULL: u32 = 2;
 /// Current cycle number as userspace last set it; resets per-cycle peaks.
 pub const STATE_EPOCH: u32 = 3;
@@ -146,62 +162,54 @@ pub const STATE_EPOCH: u32 = 3;
 pub const STATE_FALLBACK_ANY: u32 = 4;
 /// Non-zero once a request without `start_time_ns` was seen: block_rq_insert is needed.
 pub const STATE_NEED_INSERT: u32 = 5;
-/// Count of requests whose latency (at completion) or queue-time (at issue) sample is not in
-/// the histograms because their IO_STATS entry could not be allocated at that moment.
+/// Count of completions whose latency samples are not in the histograms because the key's
+/// HISTS entry could not be allocated (map full, or no memory at that moment).
 pub const STATE_UNSAMPLED: u32 = 6;
+/// Non-zero while the issue program records requests in EARLY_COUNTED: from before the
+/// programs are attached until the agent's first cycle ends.
+pub const STATE_EARLY_WINDOW: u32 = 7;
 pub const STATE_SLOTS: u32 = 8;
 
-/// Spill slots per CPU. IO_STATS allocates an entry on a key's first request from the
-/// kernel's BPF allocator, whose per-CPU cache is refilled asynchronously (irq_work), so
-/// the insert can fail for a moment when several keys appear at once. A completion whose
-/// entry cannot be created counts its bytes and ios in a preallocated slot of its CPU
-/// instead; the agent folds the slot into the key and frees it once the entry exists.
-pub const SPILL_SLOTS_PER_CPU: u32 = 16;
-pub const SPILL_FREE: u64 = 0;
-pub const SPILL_CLAIMING: u64 = 1;
-pub const SPILL_OWNED: u64 = 2;
-
-/// One spill slot (IO_SPILL is an array of `possible CPUs x SPILL_SLOTS_PER_CPU`; a CPU
-/// writes only its own slots).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SpillSlot {
-    /// [`SPILL_FREE`], [`SPILL_CLAIMING`] or [`SPILL_OWNED`].
-    pub state: u64,
-    pub key: IoKey,
-    /// Completed requests (final completion only), as [`IoStats::ios`].
-    pub ios: u64,
-    /// Completed bytes, as [`IoStats::bytes`].
-    pub bytes: u64,
+/// A tracepoint and the program attached to it. Before 5.11, block_rq_issue and
+/// block_rq_insert took `(struct request_queue *, struct request *)`; the object carries
+/// a program for each shape and the loader picks the one the kernel's BTF declares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramSpec {
+    pub tracepoint: &'static str,
+    /// The program for `(struct request *, ...)`.
+    pub program: &'static str,
+    /// The program for `(struct request_queue *, struct request *)`, if the tracepoint
+    /// ever had that shape.
+    pub program_q_rq: Option<&'static str>,
 }
 
-/// In-flight requests of one key (shared by all CPUs, updated atomically).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Inflight {
-    /// Dispatched and not yet completed.
-    pub count: i64,
-    /// Highest `count` seen since the first issue in cycle `epoch`.
-    pub peak: i64,
-    pub epoch: u64,
-}
-
-/// Program names (function names in the eBPF object) and their tracepoints. Completion is
-/// attached before issue, so no request is counted in flight without a way out.
-pub const PROGRAMS: [(&str, &str); 3] = [
-    ("block_rq_complete", "block_rq_complete"),
-    ("block_rq_issue", "block_rq_issue"),
-    ("block_rq_insert", "block_rq_insert"),
+/// Completion is attached before issue, so no request is counted in flight without a way
+/// out.
+pub const PROGRAMS: [ProgramSpec; 3] = [
+    ProgramSpec {
+        tracepoint: "block_rq_complete",
+        program: "block_rq_complete",
+        program_q_rq: None,
+    },
+    ProgramSpec {
+        tracepoint: "block_rq_issue",
+        program: "block_rq_issue",
+        program_q_rq: Some("block_rq_issue_q_rq"),
+    },
+    ProgramSpec {
+        tracepoint: "block_rq_insert",
+        program: "block_rq_insert",
+        program_q_rq: Some("block_rq_insert_q_rq"),
+    },
 ];
 /// Attached only when STATE_NEED_INSERT says the queue gives requests no start time.
-pub const ON_DEMAND_PROGRAM: &str = "block_rq_insert";
+pub const ON_DEMAND_TRACEPOINT: &str = "block_rq_insert";
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: plain #[repr(C)] data without padding-sensitive invariants.
     unsafe impl aya::Pod for super::IoKey {}
-    unsafe impl aya::Pod for super::IoStats {}
+    unsafe impl aya::Pod for super::KeyCounters {}
+    unsafe impl aya::Pod for super::KeyHistograms {}
     unsafe impl aya::Pod for super::KernelOffsets {}
-    unsafe impl aya::Pod for super::Inflight {}
-    unsafe impl aya::Pod for super::SpillSlot {}
 }

@@ -1,9 +1,13 @@
-//! Block request tracing: per (cgroup, disk, op) latency/queue-time histograms, counts and
-//! bytes in per-CPU maps, plus in-flight counters. No per-request data leaves the kernel.
+//! Block request tracing: per (cgroup, disk, op) counters, latency/queue-time histograms
+//! and in-flight counts, in maps shared by all CPUs and updated with plain atomic adds (the
+//! only atomic BPF has on 5.10). No per-request data leaves the kernel, and no value is
+//! kept per CPU: a per-CPU map holds one for every *possible* CPU, which on a 128-CPU host
+//! costs 128x a shared one (docs/design/observe-at-scale.md).
 //!
-//! Timing reads the request's own timestamps (`io_start_time_ns`, `start_time_ns`) at
-//! completion/issue; a timestamp map keyed by request pointer is used only on devices whose
-//! queue does not fill them (learned at the first completion that lacks one).
+//! Timing reads the request's own timestamps at completion: `start_time_ns` (allocated),
+//! `io_start_time_ns` (issued), now (completed). A timestamp map keyed by request pointer
+//! is used only on devices whose queue does not fill them (learned at the first completion
+//! that lacks one). The issue program only counts requests in flight.
 //!
 //! Attribution: `rq->bio->bi_blkg->blkcg->css.cgroup->kn->id`, the blkcg the kernel
 //! charges the request to. Struct offsets come from the running kernel's BTF (OFFSETS).
@@ -12,23 +16,21 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-use core::intrinsics::{
-    atomic_cxchg, atomic_xadd, atomic_xchg,
-    AtomicOrdering::{Relaxed, SeqCst},
-};
+use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
 
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap},
     programs::BtfTracePointContext,
 };
 use isolator_common::{
-    kernel_dev, latency_bucket, Inflight, IoKey, IoStats, KernelOffsets, SpillSlot, HIST_BUCKETS,
+    kernel_dev, latency_bucket, IoKey, KernelOffsets, KeyCounters, KeyHistograms,
+    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST,
     OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK,
-    REQ_OP_READ, REQ_OP_WRITE, SPILL_CLAIMING, SPILL_FREE, SPILL_OWNED, SPILL_SLOTS_PER_CPU,
-    STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT,
-    STATE_PREEXISTING, STATE_SLOTS, STATE_UNSAMPLED, UNATTRIBUTED_CGROUP,
+    REQ_OP_READ, REQ_OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
+    STATE_UNSAMPLED, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -40,6 +42,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     rq_start_time_ns: 0,
     rq_io_start_time_ns: 0,
     q_disk: 0,
+    rq_disk: 0,
     disk_major: 0,
     disk_first_minor: 0,
     bio_bi_blkg: 0,
@@ -51,27 +54,24 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     flags: 0,
 };
 
-const MAX_KEYS: u32 = isolator_common::STATS_CAPACITY_KEYS;
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_NOEXIST: u64 = 1;
 
-#[map(name = "IO_STATS")]
-static IO_STATS: PerCpuHashMap<IoKey, IoStats> =
-    PerCpuHashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+/// Counters of every key. Preallocated (the loader sizes it, `--max-keys`): an insert
+/// fails only when the map is full, never for want of memory, so bytes and counts stay
+/// exact up to the capacity.
+#[map(name = "KEYS")]
+static KEYS: HashMap<IoKey, KeyCounters> = HashMap::with_max_entries(DEFAULT_MAX_KEYS, 0);
 
-/// Source of a zeroed IoStats for inserts (too large for the 512-byte stack).
-#[map(name = "ZERO_STATS")]
-static ZERO_STATS: PerCpuArray<IoStats> = PerCpuArray::with_max_entries(1, 0);
+/// Histograms of every key that completed a request; allocated on first use (the loader
+/// sizes it, `--max-histogram-keys`).
+#[map(name = "HISTS")]
+static HISTS: HashMap<IoKey, KeyHistograms> =
+    HashMap::with_max_entries(DEFAULT_MAX_HISTOGRAM_KEYS, BPF_F_NO_PREALLOC);
 
-/// Preallocated (about 1.5 MiB at MAX_KEYS), so an issue never fails to count a request
-/// in flight for want of memory.
-#[map(name = "INFLIGHT")]
-static INFLIGHT: HashMap<IoKey, Inflight> = HashMap::with_max_entries(MAX_KEYS, 0);
-
-/// Per-CPU spill slots for completions whose IO_STATS entry could not be allocated; the
-/// loader sizes it to possible CPUs x SPILL_SLOTS_PER_CPU.
-#[map(name = "IO_SPILL")]
-static IO_SPILL: Array<SpillSlot> = Array::with_max_entries(SPILL_SLOTS_PER_CPU, 0);
+/// Source of a zeroed KeyHistograms for inserts (too large for the 512-byte stack).
+#[map(name = "ZERO_HISTS")]
+static ZERO_HISTS: Array<KeyHistograms> = Array::with_max_entries(1, 0);
 
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
@@ -82,13 +82,14 @@ static ISSUE_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 static INSERT_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
 /// Requests counted in flight during the first moments after attach, when a request's
-/// plug-cached `io_start_time_ns` can predate the first issue this program saw.
+/// plug-cached `io_start_time_ns` can predate the attach time.
 #[map(name = "EARLY_COUNTED")]
 static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
 
-/// Completions with `io_start_time_ns` below first_issue + EARLY_CHECK_NS ask EARLY_COUNTED;
-/// the issue side records for twice as long, which covers plug timestamps up to
-/// EARLY_CHECK_NS stale (the kernel drops a plug's cached time whenever the task sleeps).
+/// Completions with `io_start_time_ns` below attach + EARLY_CHECK_NS ask EARLY_COUNTED;
+/// the issue side records until the agent closes the window (STATE_EARLY_WINDOW), at least
+/// twice as long, which covers plug timestamps up to EARLY_CHECK_NS stale (the kernel
+/// drops a plug's cached time whenever the task sleeps).
 const EARLY_CHECK_NS: u64 = 100_000_000;
 
 #[map(name = "FALLBACK_DEVS")]
@@ -108,6 +109,10 @@ fn offsets() -> KernelOffsets {
 /// these loads into fault-safe direct loads, far cheaper than bpf_probe_read_kernel. The
 /// offsets are constants (frozen read-only global), so the verifier checks each access
 /// against the running kernel's BTF.
+///
+/// # Safety
+/// `base` must be a kernel pointer the verifier tracks (a tracepoint argument or a pointer
+/// loaded from one), and `off` the offset of a `T`-sized member of its type.
 #[inline(always)]
 unsafe fn read_at<T: Copy>(base: u64, off: u32) -> Option<T> {
     if base == 0 {
@@ -121,6 +126,8 @@ struct Request {
     passthrough: bool,
 }
 
+/// # Safety
+/// `rq` must be the tracepoint's `struct request *`.
 #[inline(always)]
 unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
     let cmd_flags: u32 = read_at(rq, o.rq_cmd_flags)?;
@@ -130,8 +137,13 @@ unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
         REQ_OP_WRITE => OP_WRITE,
         _ => OP_OTHER,
     };
-    let q: u64 = read_at(rq, o.rq_q)?;
-    let disk: u64 = read_at(q, o.q_disk).unwrap_or(0);
+    // A constant branch (OFFSETS is frozen): the verifier drops the side this kernel lacks.
+    let disk: u64 = if o.flags & OFFSETS_DISK_IN_REQUEST != 0 {
+        read_at(rq, o.rq_disk).unwrap_or(0)
+    } else {
+        let q: u64 = read_at(rq, o.rq_q)?;
+        read_at(q, o.q_disk).unwrap_or(0)
+    };
     let dev = if disk != 0 {
         let major: i32 = read_at(disk, o.disk_major).unwrap_or(0);
         let minor: i32 = read_at(disk, o.disk_first_minor).unwrap_or(0);
@@ -150,6 +162,9 @@ unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
 }
 
 /// The cgroup the kernel charges the request to: its first bio's blkg.
+///
+/// # Safety
+/// `rq` must be the tracepoint's `struct request *`.
 #[inline(always)]
 unsafe fn charged_cgroup(o: &KernelOffsets, rq: u64) -> u64 {
     if o.flags & OFFSETS_HAVE_BLKCG == 0 {
@@ -173,91 +188,44 @@ unsafe fn charged_cgroup(o: &KernelOffsets, rq: u64) -> u64 {
     read_at::<u64>(kn, o.kn_id).unwrap_or(UNATTRIBUTED_CGROUP)
 }
 
-/// One latency sample into one of IoStats' (count, sum, histogram) triples.
+/// Atomically adds to a counter shared by all CPUs. The result is unused, so LLVM emits
+/// BPF's plain atomic add (no BPF_FETCH), which every kernel from 5.10 verifies; a test
+/// of the agent scans the object for any other atomic.
+///
+/// # Safety
+/// `p` must point into a map value.
 #[inline(always)]
-fn record(count: &mut u64, sum_ns: &mut u64, hist: &mut [u32; HIST_BUCKETS], ns: u64) {
+unsafe fn add_u64(p: *mut u64, delta: u64) {
+    atomic_xadd::<u64, u64, { Relaxed }>(p, delta);
+}
+
+/// # Safety
+/// As [`add_u64`].
+#[inline(always)]
+unsafe fn add_i64(p: *mut i64, delta: i64) {
+    atomic_xadd::<i64, i64, { Relaxed }>(p, delta);
+}
+
+/// One latency sample into a (sum, histogram) pair.
+///
+/// # Safety
+/// `sum_ns` and `hist` must point into a map value.
+#[inline(always)]
+unsafe fn record(sum_ns: *mut u64, hist: *mut [u32; HIST_BUCKETS], ns: u64) {
     let idx = latency_bucket(ns);
-    *count += 1;
-    *sum_ns += ns;
+    add_u64(sum_ns, ns);
     // Always true by construction; the verifier needs to see the bound.
     if idx < HIST_BUCKETS {
-        hist[idx] = hist[idx].wrapping_add(1);
+        atomic_xadd::<u32, u32, { Relaxed }>(&mut (*hist)[idx], 1);
     }
-}
-
-#[inline(always)]
-fn stats_for(key: &IoKey) -> Option<*mut IoStats> {
-    if let Some(p) = IO_STATS.get_ptr_mut(key) {
-        return Some(p);
-    }
-    let zero = ZERO_STATS.get_ptr(0)?;
-    // SAFETY: ZERO_STATS is never written, so it stays all zeroes.
-    // EEXIST from a racing insert on another CPU is fine; ENOMEM (the allocator's per-CPU
-    // cache is empty until its irq_work refills it) or a full map leaves no entry.
-    let _ = IO_STATS.insert(key, unsafe { &*zero }, BPF_NOEXIST);
-    IO_STATS.get_ptr_mut(key)
-}
-
-/// Counts a completion of `key` in one of this CPU's spill slots: the one it owns, else a
-/// free one. False when every slot of this CPU is owned by another key.
-#[inline(always)]
-fn spill(key: &IoKey, bytes: u64, last: bool) -> bool {
-    // SAFETY: helper without arguments.
-    let base = unsafe { bpf_get_smp_processor_id() } * SPILL_SLOTS_PER_CPU;
-    for i in 0..SPILL_SLOTS_PER_CPU {
-        let Some(slot) = IO_SPILL.get_ptr_mut(base + i) else {
-            return false;
-        };
-        // SAFETY: valid map value pointer. Only this CPU's programs write its slots; the
-        // claim is a compare-and-swap because a completion can interrupt another on
-        // kernels without per-program recursion protection.
-        unsafe {
-            let state = core::ptr::read_volatile(&(*slot).state);
-            let mine = if state == SPILL_OWNED {
-                core::ptr::read_volatile(&(*slot).key) == *key
-            } else if state == SPILL_FREE
-                && atomic_cxchg::<u64, { SeqCst }, { SeqCst }>(
-                    &mut (*slot).state,
-                    SPILL_FREE,
-                    SPILL_CLAIMING,
-                )
-                .1
-            {
-                core::ptr::write_volatile(&mut (*slot).key, *key);
-                core::ptr::write_volatile(&mut (*slot).ios, 0);
-                core::ptr::write_volatile(&mut (*slot).bytes, 0);
-                atomic_xchg::<u64, { SeqCst }>(&mut (*slot).state, SPILL_OWNED);
-                true
-            } else {
-                false
-            };
-            if mine {
-                atomic_xadd::<u64, u64, { Relaxed }>(&mut (*slot).bytes, bytes);
-                if last {
-                    atomic_xadd::<u64, u64, { Relaxed }>(&mut (*slot).ios, 1);
-                }
-                return true;
-            }
-        }
-    }
-    false
 }
 
 #[inline(always)]
 fn count_state(slot: u32) {
     if let Some(p) = AGENT_STATE.get_ptr_mut(slot) {
         // SAFETY: valid map value pointer; atomic because the array is shared by all CPUs.
-        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, 1) };
+        unsafe { add_u64(p, 1) };
     }
-}
-
-#[inline(always)]
-fn inflight_for(key: &IoKey) -> Option<*mut Inflight> {
-    if let Some(p) = INFLIGHT.get_ptr_mut(key) {
-        return Some(p);
-    }
-    let _ = INFLIGHT.insert(key, Inflight::default(), BPF_NOEXIST);
-    INFLIGHT.get_ptr_mut(key)
 }
 
 #[inline(always)]
@@ -276,142 +244,136 @@ fn set_state(slot: u32, v: u64) {
     }
 }
 
-/// Atomically adds `delta` to a shared counter.
+/// The key's counters, created on its first request. None only when KEYS is full.
 #[inline(always)]
-fn add_shared(p: *mut i64, delta: i64) {
-    // SAFETY: p is a valid map value pointer; the map is shared by all CPUs.
-    unsafe { atomic_xadd::<i64, i64, { Relaxed }>(p, delta) };
+fn counters_for(key: &IoKey) -> Option<*mut KeyCounters> {
+    if let Some(p) = KEYS.get_ptr_mut(key) {
+        return Some(p);
+    }
+    // EEXIST from a racing insert on another CPU is fine; E2BIG (full) leaves no entry.
+    let _ = KEYS.insert(key, KeyCounters::default(), BPF_NOEXIST);
+    KEYS.get_ptr_mut(key)
 }
 
-/// Atomically adds `delta` to a shared counter and returns the new value. SeqCst on
-/// purpose: LLVM lowers a relaxed fetch-add to BPF's plain atomic add (no BPF_FETCH), whose
-/// "result" is the unchanged source register, so the returned value was always 2.
+/// The key's histograms, created on its first sampled completion.
 #[inline(always)]
-fn fetch_add_shared(p: *mut i64, delta: i64) -> i64 {
-    // SAFETY: p is a valid map value pointer; the map is shared by all CPUs.
-    unsafe { atomic_xadd::<i64, i64, { SeqCst }>(p, delta) + delta }
+fn histograms_for(key: &IoKey) -> Option<*mut KeyHistograms> {
+    if let Some(p) = HISTS.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let zero = ZERO_HISTS.get_ptr(0)?;
+    // SAFETY: ZERO_HISTS is never written, so it stays all zeroes. EEXIST from a racing
+    // insert is fine; ENOMEM (the allocator's per-CPU cache is refilled asynchronously) or
+    // a full map leaves no entry: the sample is counted as lost.
+    let _ = HISTS.insert(key, unsafe { &*zero }, BPF_NOEXIST);
+    HISTS.get_ptr_mut(key)
 }
 
+/// block_rq_insert: only needed when requests get no start time from their queue.
 #[inline(always)]
-fn first_issue_ns() -> u64 {
-    state(STATE_FIRST_ISSUE_NS)
-}
-
-/// block_rq_insert(struct request *rq): only needed when the request has no start time.
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
+fn on_insert(rq: u64) {
     let o = offsets();
+    // SAFETY: rq is the tracepoint's request.
     let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
     if start == 0 {
+        // SAFETY: helper without arguments.
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = INSERT_TS.insert(rq, now, 0);
     }
+}
+
+/// block_rq_insert(struct request *rq) (5.11 on).
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
+    on_insert(ctx.arg(0));
     0
 }
 
-/// block_rq_issue(struct request *rq): queue time, in-flight +1, fallback issue time.
+/// block_rq_insert(struct request_queue *q, struct request *rq) (before 5.11).
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert_q_rq(ctx: BtfTracePointContext) -> i32 {
+    on_insert(ctx.arg(1));
+    0
+}
+
+/// block_rq_issue: in-flight +1, and the issue time on devices that do not stamp it.
 ///
 /// A request can pass here more than once: drivers that return BLK_STS_*RESOURCE get it
 /// re-dispatched without a requeue tracepoint. It is counted on its first issue only:
 /// `io_start_time_ns` is still 0 then (the kernel sets it right after this tracepoint and
 /// zeroes it when the request is allocated); on fallback devices, ISSUE_TS tells.
-#[btf_tracepoint(function = "block_rq_issue")]
-pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
+#[inline(always)]
+fn on_issue(rq: u64) {
     let o = offsets();
-    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: rq is the tracepoint's request.
     let Some(req) = (unsafe { describe(&o, rq) }) else {
-        return 0;
+        return;
     };
-    let mut first = first_issue_ns();
-    if first == 0 {
-        if let Some(p) = AGENT_STATE.get_ptr_mut(STATE_FIRST_ISSUE_NS) {
-            // SAFETY: valid map value pointer; first writer wins.
-            let _ = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(p, 0, now) };
-        }
-        first = first_issue_ns();
-    }
     let fallback = state(STATE_FALLBACK_ANY) != 0 && FALLBACK_DEVS.get_ptr(req.key.dev).is_some();
     let first_issue = if fallback {
+        // SAFETY: helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        // SAFETY: the value is copied out at once.
         let seen = unsafe { ISSUE_TS.get(rq) }.is_some();
         let _ = ISSUE_TS.insert(rq, now, 0);
         !seen
     } else {
+        // SAFETY: rq is the tracepoint's request.
         let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
         io_start == 0
     };
     if !first_issue {
-        return 0;
+        return;
     }
-    if !fallback && now < first + 2 * EARLY_CHECK_NS {
+    if !fallback && state(STATE_EARLY_WINDOW) != 0 {
         let _ = EARLY_COUNTED.insert(rq, 1u8, 0);
     }
-
-    let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
-    if start == 0 && !req.passthrough && state(STATE_NEED_INSERT) == 0 {
-        // Ask the agent to attach block_rq_insert for queue times on this queue.
-        set_state(STATE_NEED_INSERT, 1);
-    }
-    let queue_ns = if start != 0 && start <= now {
-        Some(now - start)
-    } else if let Some(t) = unsafe { INSERT_TS.get(rq) } {
-        let t = *t;
-        let _ = INSERT_TS.remove(rq);
-        if t <= now {
-            Some(now - t)
-        } else {
-            None
-        }
-    } else {
-        None
+    let Some(c) = counters_for(&req.key) else {
+        count_state(STATE_MAP_FULL);
+        return;
     };
-
-    if let Some(q) = queue_ns {
-        if let Some(s) = stats_for(&req.key) {
-            // SAFETY: s points at this CPU's value.
-            unsafe {
-                record(
-                    &mut (*s).queue_count,
-                    &mut (*s).queue_sum_ns,
-                    &mut (*s).queue_hist,
-                    q,
-                )
-            };
-        } else {
-            count_state(STATE_UNSAMPLED);
+    // SAFETY: c is a valid map value. The peak is read after the add and stored racily: a
+    // lower bound, off only when another CPU's completion lands between the two.
+    unsafe {
+        add_i64(&mut (*c).inflight, 1);
+        let n = core::ptr::read_volatile(&(*c).inflight);
+        let epoch = state(STATE_EPOCH);
+        if core::ptr::read_volatile(&(*c).peak_epoch) != epoch {
+            core::ptr::write_volatile(&mut (*c).peak_epoch, epoch);
+            core::ptr::write_volatile(&mut (*c).peak, n);
+        } else if n > core::ptr::read_volatile(&(*c).peak) {
+            core::ptr::write_volatile(&mut (*c).peak, n);
         }
     }
+}
 
-    if let Some(v) = inflight_for(&req.key) {
-        // SAFETY: v is a valid map value; count is updated atomically, peak/epoch racily
-        // (a lost race under-reports a peak by one request at most).
-        unsafe {
-            let n = fetch_add_shared(&mut (*v).count, 1);
-            let epoch = state(STATE_EPOCH);
-            if core::ptr::read_volatile(&(*v).epoch) != epoch {
-                core::ptr::write_volatile(&mut (*v).epoch, epoch);
-                core::ptr::write_volatile(&mut (*v).peak, n);
-            } else if n > core::ptr::read_volatile(&(*v).peak) {
-                core::ptr::write_volatile(&mut (*v).peak, n);
-            }
-        }
-    }
+/// block_rq_issue(struct request *rq) (5.11 on).
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
+    on_issue(ctx.arg(0));
     0
 }
 
-/// Was this request counted in flight by block_rq_issue? Requests issued before the
-/// programs were attached were not; near the attach time the timestamps cannot tell, and
-/// EARLY_COUNTED does.
+/// block_rq_issue(struct request_queue *q, struct request *rq) (before 5.11).
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue_q_rq(ctx: BtfTracePointContext) -> i32 {
+    on_issue(ctx.arg(1));
+    0
+}
+
+/// Was this request counted in flight by the issue program? Requests issued before it was
+/// attached were not; near the attach time the timestamps cannot tell, and EARLY_COUNTED
+/// does.
 #[inline(always)]
 fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
-    let first = first_issue_ns();
-    if first == 0 {
+    let first = state(STATE_FIRST_ISSUE_NS);
+    if first == 0 || issue_ns < first {
         return false;
     }
     if issue_ns >= first + EARLY_CHECK_NS {
         return true;
     }
+    // SAFETY: the value is not used.
     let hit = unsafe { EARLY_COUNTED.get(rq) }.is_some();
     if hit {
         let _ = EARLY_COUNTED.remove(rq);
@@ -425,78 +387,90 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u64 = ctx.arg::<u64>(2) & 0xffff_ffff;
     let o = offsets();
-    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: rq is the tracepoint's request.
     let Some(req) = (unsafe { describe(&o, rq) }) else {
+        return 0;
+    };
+    let Some(c) = counters_for(&req.key) else {
+        count_state(STATE_MAP_FULL);
         return 0;
     };
     // blk_update_request() traces before it consumes nr_bytes: the request is done when
     // nr_bytes covers what is left of it.
+    // SAFETY: rq is the tracepoint's request.
     let remaining: u32 = unsafe { read_at(rq, o.rq_data_len) }.unwrap_or(0);
-    let last = nr_bytes >= remaining as u64;
+    if nr_bytes < remaining as u64 {
+        // SAFETY: c is a valid map value.
+        unsafe { add_u64(&mut (*c).bytes, nr_bytes) };
+        return 0;
+    }
 
-    let mut issue_ns: u64 = 0;
+    // SAFETY: helper without arguments; rq is the tracepoint's request.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut issue_ns: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
     let mut counted = false;
-    if last {
-        let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
-        if io_start != 0 {
-            issue_ns = io_start;
-            counted = issued_since_attach(rq, io_start);
-        } else if !req.passthrough {
-            if FALLBACK_DEVS.get_ptr(req.key.dev).is_none() {
-                let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
-                set_state(STATE_FALLBACK_ANY, 1);
-            }
-            if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
-                issue_ns = *t;
-                counted = true;
-                let _ = ISSUE_TS.remove(rq);
-            }
+    if issue_ns != 0 {
+        counted = issued_since_attach(rq, issue_ns);
+    } else if !req.passthrough {
+        if FALLBACK_DEVS.get_ptr(req.key.dev).is_none() {
+            let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
+            set_state(STATE_FALLBACK_ANY, 1);
         }
-        if !counted {
-            count_state(STATE_PREEXISTING);
+        // SAFETY: the value is copied out at once.
+        if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
+            issue_ns = *t;
+            counted = true;
+            let _ = ISSUE_TS.remove(rq);
+        }
+    }
+    if !counted {
+        count_state(STATE_PREEXISTING);
+    }
+    // SAFETY: rq is the tracepoint's request.
+    let mut start_ns: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    if start_ns == 0 && !req.passthrough {
+        if state(STATE_NEED_INSERT) == 0 {
+            // Ask the agent to attach block_rq_insert for start times on this queue.
+            set_state(STATE_NEED_INSERT, 1);
+        }
+        // SAFETY: the value is copied out at once.
+        if let Some(t) = unsafe { INSERT_TS.get(rq) } {
+            start_ns = *t;
+            let _ = INSERT_TS.remove(rq);
         }
     }
 
-    let start_ns: u64 = if last {
-        unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0)
-    } else {
-        0
-    };
-    if let Some(s) = stats_for(&req.key) {
-        // SAFETY: s points at this CPU's value.
-        unsafe {
-            (*s).bytes += nr_bytes;
-            if last {
-                (*s).ios += 1;
-                if start_ns != 0 && start_ns <= now {
-                    record(
-                        &mut (*s).total_count,
-                        &mut (*s).total_sum_ns,
-                        &mut (*s).total_hist,
-                        now - start_ns,
-                    );
-                }
+    let sampled = (issue_ns != 0 && issue_ns <= now) || (start_ns != 0 && start_ns <= now);
+    if sampled {
+        if let Some(h) = histograms_for(&req.key) {
+            // SAFETY: h is a valid map value.
+            unsafe {
                 if issue_ns != 0 && issue_ns <= now {
-                    record(
-                        &mut (*s).lat_count,
-                        &mut (*s).lat_sum_ns,
-                        &mut (*s).lat_hist,
-                        now - issue_ns,
-                    );
+                    record(&mut (*h).lat_sum_ns, &mut (*h).lat_hist, now - issue_ns);
+                }
+                if start_ns != 0 && start_ns <= now {
+                    record(&mut (*h).total_sum_ns, &mut (*h).total_hist, now - start_ns);
+                    if issue_ns >= start_ns {
+                        record(
+                            &mut (*h).queue_sum_ns,
+                            &mut (*h).queue_hist,
+                            issue_ns - start_ns,
+                        );
+                    }
                 }
             }
-        }
-    } else {
-        // The latency sample is lost; the bytes and the completion are not.
-        count_state(STATE_UNSAMPLED);
-        if !spill(&req.key, nr_bytes, last) {
-            count_state(STATE_MAP_FULL);
+        } else {
+            count_state(STATE_UNSAMPLED);
         }
     }
-    if last && counted {
-        if let Some(v) = INFLIGHT.get_ptr_mut(&req.key) {
-            // SAFETY: valid map value pointer.
-            add_shared(unsafe { &mut (*v).count }, -1);
+    // After the samples: the agent reads a key's histograms only when its count moved, and
+    // a locked add orders the stores before it (x86).
+    // SAFETY: c is a valid map value.
+    unsafe {
+        add_u64(&mut (*c).bytes, nr_bytes);
+        add_u64(&mut (*c).ios, 1);
+        if counted {
+            add_i64(&mut (*c).inflight, -1);
         }
     }
     0
