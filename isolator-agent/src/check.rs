@@ -40,12 +40,12 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
 
     let release = privileges::kernel_release();
     items.push(match privileges::kernel_version(&release) {
-        Some(v) if v >= (5, 12) => item("kernel", Ok, format!("Linux {release}"), None),
+        Some(v) if v >= (5, 10) => item("kernel", Ok, format!("Linux {release}"), None),
         _ => item(
             "kernel",
             Fail,
             format!("Linux {release}"),
-            Some("isolator needs Linux >= 5.12 (BPF atomics, bio blkg); upgrade the kernel"),
+            Some("isolator needs Linux >= 5.10 (BTF tracepoints of the block layer, bio blkg); upgrade the kernel"),
         ),
     });
 

@@ -1,4 +1,4 @@
-//! The same static binary on Debian's 6.1 and 6.12 kernels with cgroup v2, booted under
+//! The same static binary on Debian's 5.10, 6.1 and 6.12 kernels with cgroup v2, booted under
 //! qemu (tcg): it attaches, and its per-cgroup bytes agree with the kernel's io.stat within
 //! 2 %, for O_DIRECT and buffered writes flushed by writeback (charged to the dirtying cgroup on v2) and direct reads in two cgroups at once.
 //!
@@ -409,6 +409,13 @@ fn check_enforcement(prefix: &str, out: &str, dev: &str) {
         "{prefix}: restore failed"
     );
     assert!(events.iter().filter(|e| e["type"] == "restore").count() >= 2);
+}
+
+/// Debian 11's kernel: no `request_queue.disk`, `(queue, request)` issue/insert
+/// tracepoints, no BPF atomic fetch or cmpxchg.
+#[test]
+fn debian_5_10_cgroup_v2() {
+    run_vm("linux-image-5.10.", "5.10.");
 }
 
 #[test]
