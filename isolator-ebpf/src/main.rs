@@ -73,18 +73,22 @@ static HISTS: HashMap<IoKey, KeyHistograms> =
 #[map(name = "ZERO_HISTS")]
 static ZERO_HISTS: Array<KeyHistograms> = Array::with_max_entries(1, 0);
 
+/// Entries of the maps keyed by request (requests in flight host-wide at once, with room).
+/// LRU maps are preallocated: 16,384 entries cost 1 MiB each.
+const REQUEST_MAP_ENTRIES: u32 = 16384;
+
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
-static ISSUE_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+static ISSUE_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(REQUEST_MAP_ENTRIES, 0);
 
 /// Fallback insert timestamps, only for requests whose start_time_ns is not set.
 #[map(name = "INSERT_TS")]
-static INSERT_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+static INSERT_TS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(REQUEST_MAP_ENTRIES, 0);
 
 /// Requests counted in flight during the first moments after attach, when a request's
 /// plug-cached `io_start_time_ns` can predate the attach time.
 #[map(name = "EARLY_COUNTED")]
-static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
+static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(REQUEST_MAP_ENTRIES, 0);
 
 /// Completions with `io_start_time_ns` below attach + EARLY_CHECK_NS ask EARLY_COUNTED;
 /// the issue side records until the agent closes the window (STATE_EARLY_WINDOW), at least

@@ -5,6 +5,11 @@
 //!                    [--direct] [--fsync] [--wrap] [--threads 1] [--seconds 30]
 //!                    [--offset BYTES]
 //!                    [--cgroup DIR]
+//!   isolator-loadgen --churn DIR --cgroups N --wave W --path FILE
+//!
+//! The churn mode creates N cgroups under DIR in waves of W: each one is joined, one
+//! 4 KiB O_DIRECT read of FILE is made from it, and the cgroup is left and removed again
+//! at the end of its wave (cgroup v2).
 //!
 //! Prints one line: `ok op=... bytes=N ios=N secs=F`.
 
@@ -34,6 +39,9 @@ struct Args {
     seconds: u64,
     offset: u64,
     cgroup: Option<String>,
+    churn: Option<String>,
+    cgroups: usize,
+    wave: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -49,6 +57,9 @@ fn parse() -> Result<Args, String> {
         seconds: 30,
         offset: 0,
         cgroup: None,
+        churn: None,
+        cgroups: 0,
+        wave: 500,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -62,11 +73,20 @@ fn parse() -> Result<Args, String> {
             "--seconds" => a.seconds = val()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--cgroup" => a.cgroup = Some(val()?),
             "--offset" => a.offset = val()?.parse().map_err(|e| format!("--offset: {e}"))?,
+            "--churn" => a.churn = Some(val()?),
+            "--cgroups" => a.cgroups = val()?.parse().map_err(|e| format!("--cgroups: {e}"))?,
+            "--wave" => a.wave = val()?.parse().map_err(|e| format!("--wave: {e}"))?,
             "--direct" => a.direct = true,
             "--fsync" => a.fsync = true,
             "--wrap" => a.wrap = true,
             _ => return Err(format!("unknown argument {k}")),
         }
+    }
+    if a.churn.is_some() {
+        if a.path.is_empty() || a.cgroups == 0 || a.wave == 0 {
+            return Err("usage: --churn DIR --cgroups N --wave W --path FILE".into());
+        }
+        return Ok(a);
     }
     if a.path.is_empty() || !["read", "write", "randread"].contains(&a.op.as_str()) {
         return Err("usage: --path FILE --op read|write|randread --bytes N".into());
@@ -101,6 +121,49 @@ impl Aligned {
     }
 }
 
+/// See the module doc: N cgroups, one read each, in waves.
+fn churn(dir: &str, a: &Args) -> Result<(), String> {
+    let home = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .ok_or("not in a cgroup v2 hierarchy")?;
+    let join = |cg: &str| {
+        std::fs::write(
+            format!("{cg}/cgroup.procs"),
+            format!("{}\n", std::process::id()),
+        )
+        .map_err(|e| format!("joining {cg}: {e}"))
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&a.path)
+        .map_err(|e| format!("open {}: {e}", a.path))?;
+    let mut buf = Aligned::new(4096);
+    let mut made = 0;
+    while made < a.cgroups {
+        let n = a.wave.min(a.cgroups - made);
+        let names: Vec<String> = (made..made + n)
+            .map(|i| format!("{dir}/churn-{i}"))
+            .collect();
+        for (i, cg) in names.iter().enumerate() {
+            std::fs::create_dir(cg).map_err(|e| format!("mkdir {cg}: {e}"))?;
+            join(cg)?;
+            let r = file.read_exact_at(buf.buf(), (i as u64 % 1024) * 4096);
+            join(&format!("/sys/fs/cgroup{home}"))?;
+            r.map_err(|e| format!("read {}: {e}", a.path))?;
+        }
+        for cg in &names {
+            std::fs::remove_dir(cg).map_err(|e| format!("rmdir {cg}: {e}"))?;
+        }
+        made += n;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let a = match parse() {
         Ok(a) => a,
@@ -109,6 +172,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(dir) = &a.churn {
+        return match churn(dir, &a) {
+            Ok(()) => {
+                println!("ok churn cgroups={}", a.cgroups);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("isolator-loadgen: churn: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(cg) = &a.cgroup {
         let procs = format!("{cg}/cgroup.procs");
         if let Err(e) = std::fs::write(&procs, format!("{}\n", std::process::id())) {

@@ -134,7 +134,7 @@ fn add_module(kdir: &Path, rel_glob: &str, dest: &Path) {
     panic!("module {rel_glob} not found in {}", modules.display());
 }
 
-fn build_initramfs(kdir: &Path, scratch: &Scratch) -> PathBuf {
+fn build_initramfs(kdir: &Path, scratch: &Scratch, init: &str) -> PathBuf {
     let root = scratch.path("root");
     for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "sys/fs/cgroup"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -148,7 +148,7 @@ fn build_initramfs(kdir: &Path, scratch: &Scratch) -> PathBuf {
         "drivers/block/null_blk/null_blk",
         &root.join("lib/null_blk.ko"),
     );
-    std::fs::write(root.join("init"), INIT).unwrap();
+    std::fs::write(root.join("init"), init).unwrap();
     run_ok(Command::new("chmod").args(["+x"]).arg(root.join("init")));
     let initrd = scratch.path("initrd.gz");
     run_ok(Command::new("sh").arg("-c").arg(format!(
@@ -159,7 +159,7 @@ fn build_initramfs(kdir: &Path, scratch: &Scratch) -> PathBuf {
     initrd
 }
 
-fn boot(kdir: &Path, initrd: &Path) -> String {
+fn boot(kdir: &Path, initrd: &Path, smp: &str) -> String {
     let vmlinuz = std::fs::read_dir(kdir.join("boot"))
         .unwrap()
         .flatten()
@@ -178,7 +178,7 @@ fn boot(kdir: &Path, initrd: &Path) -> String {
             "-m",
             "1024",
             "-smp",
-            "2",
+            smp,
             "-nographic",
             "-no-reboot",
         ])
@@ -202,7 +202,7 @@ fn boot(kdir: &Path, initrd: &Path) -> String {
         String::from_utf8_lossy(&s).into_owned()
     });
     // Bounded: a hung guest is killed.
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         if child.try_wait().unwrap().is_some() {
             break;
@@ -210,7 +210,7 @@ fn boot(kdir: &Path, initrd: &Path) -> String {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("VM {} did not power off within 300 s", vmlinuz.display());
+            panic!("VM {} did not power off within 600 s", vmlinuz.display());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -271,8 +271,8 @@ fn run_vm(prefix: &str, release_prefix: &str) {
     require_tool("cpio");
     let kdir = kernel_dir(prefix);
     let scratch = Scratch::new();
-    let initrd = build_initramfs(&kdir, &scratch);
-    let out = boot(&kdir, &initrd);
+    let initrd = build_initramfs(&kdir, &scratch, INIT);
+    let out = boot(&kdir, &initrd, "2");
     eprintln!("{out}");
     let uname = section(&out, "uname");
     assert!(
@@ -426,4 +426,248 @@ fn debian_6_1_cgroup_v2() {
 #[test]
 fn debian_6_12_cgroup_v2() {
     run_vm("linux-image-6.12.", "6.12.");
+}
+
+/// The scale run: 250 cgroups x 4 null_blk disks x (read, write) = 2,000 keys, with the
+/// agent in a cgroup of its own so the kernel memory its maps take is charged there
+/// (memory.current less its anon and file pages); `Percpu:` of /proc/meminfo is read
+/// too. With CHURN=1, 10,000 more cgroups follow in 20 waves of 500, each doing one read
+/// and removed again.
+const SCALE_INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mkdir -m 700 /tmp/ev
+mount -t cgroup2 none /sys/fs/cgroup
+insmod /lib/configfs.ko
+insmod /lib/null_blk.ko nr_devices=4 gb=1 bs=4096
+# Memory accounting for the agent's cgroup only: per-CPU memcg statistics of thousands of
+# workload cgroups would otherwise swamp Percpu: (they are the kernel's, not the agent's).
+echo "+io +memory" > /sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/agent /sys/fs/cgroup/w
+echo "+io" > /sys/fs/cgroup/w/cgroup.subtree_control
+CG=/sys/fs/cgroup/w
+EV=/tmp/ev/ev.json
+echo "=== possible $(cat /sys/devices/system/cpu/possible)"
+percpu() { awk '/^Percpu:/{print $2 * 1024}' /proc/meminfo; }
+kmem() {
+  cur=$(cat /sys/fs/cgroup/agent/memory.current)
+  anon=$(awk '$1=="anon"{print $2}' /sys/fs/cgroup/agent/memory.stat)
+  file=$(awk '$1=="file"{print $2}' /sys/fs/cgroup/agent/memory.stat)
+  echo $((cur - anon - file))
+}
+cpu_ns() { cat /proc/$AP/task/*/schedstat | awk '{s+=$1} END {printf "%.0f", s}'; }
+cycles() { grep -c '"cycle_end"' $EV; }
+rss() { awk '/^VmRSS:/{print $2 * 1024}' /proc/$AP/status; }
+agent_percpu() { awk '$1=="percpu"{print $2}' /sys/fs/cgroup/agent/memory.stat; }
+mark() { echo "=== $1 percpu=$(percpu) agent_percpu=$(agent_percpu) kmem=$(kmem) rss=$(rss) cpu_ns=$(cpu_ns) cycles=$(cycles)"; grep '"cycle_end"' $EV | tail -1; }
+echo "=== percpu_before $(percpu)"
+sh -c "echo \$\$ > /sys/fs/cgroup/agent/cgroup.procs; exec /isolator run --interval 1s --socket off --docker-socket off --json $EV 2>/tmp/agent.err" &
+AP=$!
+i=0
+while ! grep -q '"cycle_end"' $EV 2>/dev/null; do
+  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
+done
+mark idle
+for round in 1 2; do
+  for g in $(seq 1 250); do
+    mkdir -p $CG/g$g
+    sh -c "echo \$\$ > $CG/g$g/cgroup.procs; for d in 0 1 2 3; do dd if=/dev/nullb\$d of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null; dd if=/dev/zero of=/dev/nullb\$d bs=4096 count=1 seek=$g oflag=direct conv=notrunc 2>/dev/null; done"
+  done
+done
+sleep 5
+mark loaded
+if [ "$CHURN" = 1 ]; then
+  mkdir $CG/churn
+  /loadgen --churn $CG/churn --cgroups 10000 --wave 500 --path /dev/nullb0
+  echo "=== churn rc=$?"
+  sleep 5
+  mark churned
+fi
+kill -TERM $AP
+wait $AP
+echo "=== agent rc=$?"
+tail -c 2000 /tmp/agent.err
+echo "=== end"
+poweroff -f
+"#;
+
+/// One mark the scale guest printed: its figures, and the agent's last cycle_end.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    percpu: u64,
+    agent_percpu: u64,
+    kmem: u64,
+    rss: u64,
+    cpu_ns: u64,
+    cycles: u64,
+    tracked_keys: u64,
+    map_full: u64,
+    unsampled: u64,
+}
+
+fn mark(out: &str, name: &str) -> Mark {
+    let body = out
+        .split(&format!("=== {name} "))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no mark {name} in VM output:\n{out}"));
+    let mut lines = body.lines();
+    let figures = lines.next().unwrap();
+    let field = |k: &str| -> u64 {
+        figures
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("mark {name}: no {k} in {figures:?}"))
+    };
+    let cycle_end: Value = serde_json::from_str(lines.next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("mark {name}: cycle_end garbled: {e}\n{out}"));
+    Mark {
+        percpu: field("percpu"),
+        agent_percpu: field("agent_percpu"),
+        kmem: field("kmem"),
+        rss: field("rss"),
+        cpu_ns: field("cpu_ns"),
+        cycles: field("cycles"),
+        tracked_keys: cycle_end["tracked_keys"].as_u64().unwrap(),
+        map_full: cycle_end["map_full"].as_u64().unwrap(),
+        unsampled: cycle_end["unsampled_requests"].as_u64().unwrap(),
+    }
+}
+
+struct ScaleRun {
+    possible: String,
+    percpu_before: u64,
+    idle: Mark,
+    loaded: Mark,
+    churned: Option<Mark>,
+}
+
+impl ScaleRun {
+    /// Kernel memory the agent holds at 2,000 keys: what its cgroup was charged beyond its
+    /// own pages (maps, per-CPU allocations among them, and the process's kernel
+    /// structures). `Percpu:` of the whole host also grows with every cgroup the load
+    /// creates (the kernel's per-CPU statistics of each blkg); that is reported, not counted.
+    fn kernel_bytes(&self) -> u64 {
+        self.loaded.kmem
+    }
+
+    /// Agent CPU time per cycle while the keys were created and used.
+    fn cpu_per_cycle_ns(&self) -> u64 {
+        (self.loaded.cpu_ns - self.idle.cpu_ns) / (self.loaded.cycles - self.idle.cycles).max(1)
+    }
+}
+
+fn scale_run(smp: &str, churn: bool) -> ScaleRun {
+    require_tool("qemu-system-x86_64");
+    require_tool("cpio");
+    let kdir = kernel_dir("linux-image-6.1.");
+    let scratch = Scratch::new();
+    let init = SCALE_INIT.replace("\"$CHURN\" = 1", if churn { "1 = 1" } else { "1 = 0" });
+    let initrd = build_initramfs(&kdir, &scratch, &init);
+    let out = boot(&kdir, &initrd, smp);
+    let tail: String = out
+        .lines()
+        .filter(|l| l.starts_with("==="))
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("-smp {smp}:\n{tail}");
+    assert!(
+        out.contains("=== agent rc=0"),
+        "agent did not exit 0:\n{out}"
+    );
+    // The first line may follow the firmware's text on the console.
+    let after = |tag: &str| -> String {
+        out.split(&format!("=== {tag} "))
+            .nth(1)
+            .and_then(|r| r.lines().next())
+            .unwrap_or_else(|| panic!("no '=== {tag}' in VM output:\n{out}"))
+            .trim()
+            .to_string()
+    };
+    let possible = after("possible");
+    let percpu_before = after("percpu_before").parse().expect("percpu_before");
+    let run = ScaleRun {
+        possible,
+        percpu_before,
+        idle: mark(&out, "idle"),
+        loaded: mark(&out, "loaded"),
+        churned: churn.then(|| mark(&out, "churned")),
+    };
+    let l = run.loaded;
+    assert!(
+        l.tracked_keys >= 2000,
+        "-smp {smp}: {} keys tracked, expected the 2,000 the load made",
+        l.tracked_keys
+    );
+    assert_eq!(
+        (l.map_full, l.unsampled),
+        (0, 0),
+        "-smp {smp}: samples lost"
+    );
+    run
+}
+
+/// 2,000 keys on a host with 128 possible CPUs cost at most 64 MiB of kernel memory and
+/// at most twice the agent CPU per cycle of the same run with 2 possible CPUs; 10,000
+/// short-lived cgroups after them leave memory and keys where they were.
+#[test]
+fn debian_6_1_128_possible_cpus_2000_keys() {
+    let small = scale_run("2", false);
+    let big = scale_run("2,maxcpus=128", true);
+    assert_eq!(small.possible, "0-1");
+    assert_eq!(big.possible, "0-127");
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for r in [&small, &big] {
+        eprintln!(
+            "possible {}: agent kernel memory {:.1} MiB at {} keys (idle {:.1} MiB; per-CPU {:.2} MiB of it), host Percpu: +{:.1} MiB, agent RSS {:.1} MiB, CPU {:.2} ms per cycle",
+            r.possible,
+            mib(r.kernel_bytes()),
+            r.loaded.tracked_keys,
+            mib(r.idle.kmem),
+            mib(r.loaded.agent_percpu),
+            mib(r.loaded.percpu.saturating_sub(r.percpu_before)),
+            mib(r.loaded.rss),
+            r.cpu_per_cycle_ns() as f64 / 1e6
+        );
+    }
+    assert!(
+        big.kernel_bytes() <= 64 << 20,
+        "128 possible CPUs, 2,000 keys: {:.1} MiB of kernel memory",
+        mib(big.kernel_bytes())
+    );
+    assert!(
+        big.loaded.rss < 30 << 20,
+        "agent RSS {:.1} MiB at 2,000 keys",
+        mib(big.loaded.rss)
+    );
+    assert!(
+        big.cpu_per_cycle_ns() <= 2 * small.cpu_per_cycle_ns(),
+        "agent CPU per cycle: {} ns at 128 possible CPUs vs {} ns at 2",
+        big.cpu_per_cycle_ns(),
+        small.cpu_per_cycle_ns()
+    );
+    assert!(
+        big.loaded.agent_percpu <= 8 << 20,
+        "per-CPU memory charged to the agent: {:.1} MiB",
+        mib(big.loaded.agent_percpu)
+    );
+    let churned = big.churned.unwrap();
+    eprintln!("after 10,000 short-lived cgroups: {churned:?}");
+    assert_eq!(churned.map_full, 0);
+    assert!(
+        churned.kmem <= big.loaded.kmem + (4 << 20),
+        "kernel memory did not return: {:.1} MiB after the churn, {:.1} MiB before",
+        mib(churned.kmem),
+        mib(big.loaded.kmem)
+    );
+    // A few keys of the host itself (writeback, the root cgroup) may appear meanwhile.
+    assert!(
+        churned.tracked_keys <= big.loaded.tracked_keys + 8,
+        "keys of removed cgroups stayed: {} after, {} before",
+        churned.tracked_keys,
+        big.loaded.tracked_keys
+    );
 }
