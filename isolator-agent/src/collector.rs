@@ -404,9 +404,8 @@ impl Collector {
             }
             base.ios = c.ios;
             base.bytes = c.bytes;
-            if d.had_requests() {
-                base.last_active_ns = now_ns;
-            } else if base.last_active_ns == 0 {
+            // A key first seen idle counts as active now: its idle time starts here.
+            if d.had_requests() || base.last_active_ns == 0 {
                 base.last_active_ns = now_ns;
             }
             deltas.push(d);
