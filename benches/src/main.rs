@@ -1,7 +1,10 @@
 //! End-to-end overhead benchmark (root): fio 4 KiB random reads at the disk's maximum
-//! IOPS, alternating in one run between no tracer, `isolator run` and bpftrace running the
-//! classic per-disk biolatency histogram; then the per-event cost of each eBPF program from
-//! the kernel's BPF stats (enabled only for that phase). Prints a markdown report.
+//! IOPS, alternating in one run between no tracer, the cheapest possible program (a
+//! bpftrace per-CPU count at block_rq_complete), bpftrace running the classic biolatency
+//! histogram, and `isolator run`. Per mode: IOPS, the tracer's CPU, and the kernel's BPF
+//! stats of the tracer's own programs (found by id) divided by the requests fio completed:
+//! ns per request. kernel.bpf_stats_enabled is 1 for the whole run (every traced mode pays
+//! its ~20 ns per program run alike) and put back after. Prints a markdown report.
 //!
 //!   cargo run --release -p isolator-benches -- [--rounds 4] [--seconds 8]
 
@@ -13,6 +16,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
+
+const FLOOR_BT: &str = "tracepoint:block:block_rq_complete { @c = count(); }\n";
 
 const BIOLATENCY_BT: &str = r#"
 tracepoint:block:block_rq_issue { @start[args->dev, args->sector] = nsecs; }
@@ -30,7 +35,8 @@ fn isolator() -> PathBuf {
     root().join("target/x86_64-unknown-linux-musl/release/isolator")
 }
 
-fn fio_iops(file: &Path, seconds: u64) -> Result<f64> {
+/// IOPS and completed requests of one fio run.
+fn fio_iops(file: &Path, seconds: u64) -> Result<(f64, u64)> {
     let out = Command::new("fio")
         .args([
             "--name=bench",
@@ -39,7 +45,10 @@ fn fio_iops(file: &Path, seconds: u64) -> Result<f64> {
             "--direct=1",
             "--ioengine=io_uring",
             "--iodepth=64",
-            "--numjobs=2",
+            &format!(
+                "--numjobs={}",
+                std::env::var("BENCH_FIO_JOBS").unwrap_or("2".into())
+            ),
             "--group_reporting",
             "--time_based",
             "--size=1g",
@@ -53,9 +62,106 @@ fn fio_iops(file: &Path, seconds: u64) -> Result<f64> {
         bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let v: Value = serde_json::from_slice(&out.stdout)?;
-    v["jobs"][0]["read"]["iops"]
-        .as_f64()
-        .context("fio json has no iops")
+    let read = &v["jobs"][0]["read"];
+    Ok((
+        read["iops"].as_f64().context("fio json has no iops")?,
+        read["total_ios"]
+            .as_u64()
+            .context("fio json has no total_ios")?,
+    ))
+}
+
+// bpf(2) commands and offsets in struct bpf_prog_info (uapi, append-only).
+const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const INFO_NAME: usize = 64;
+const INFO_RUN_TIME_NS: usize = 192;
+const INFO_RUN_CNT: usize = 200;
+const INFO_LEN: usize = 232;
+
+/// One loaded BPF program's identity and kernel statistics.
+#[derive(Debug, Clone)]
+struct ProgStat {
+    id: u32,
+    name: String,
+    run_cnt: u64,
+    run_time_ns: u64,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut [u32; 4]) -> i64 {
+    // SAFETY: attr is a valid, zero-padded bpf_attr prefix for these commands.
+    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 16) }
+}
+
+/// Every loaded program's statistics (root only).
+fn prog_stats() -> Vec<ProgStat> {
+    let mut out = vec![];
+    let mut id = 0u32;
+    loop {
+        let mut attr = [id, 0, 0, 0];
+        if bpf(BPF_PROG_GET_NEXT_ID, &mut attr) != 0 {
+            return out;
+        }
+        id = attr[1];
+        let mut attr = [id, 0, 0, 0];
+        let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr);
+        if fd < 0 {
+            continue;
+        }
+        let mut info = [0u8; INFO_LEN];
+        #[repr(C)]
+        struct InfoAttr {
+            fd: u32,
+            len: u32,
+            info: u64,
+        }
+        let mut a = InfoAttr {
+            fd: fd as u32,
+            len: INFO_LEN as u32,
+            info: info.as_mut_ptr() as u64,
+        };
+        // SAFETY: a points at a buffer of len bytes.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_OBJ_GET_INFO_BY_FD,
+                &mut a as *mut InfoAttr,
+                16,
+            )
+        };
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd as i32) };
+        if rc != 0 {
+            continue;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(info[o..o + 8].try_into().unwrap());
+        let name = &info[INFO_NAME..INFO_NAME + 16];
+        let end = name.iter().position(|&b| b == 0).unwrap_or(16);
+        out.push(ProgStat {
+            id,
+            name: String::from_utf8_lossy(&name[..end]).into_owned(),
+            run_cnt: u64_at(INFO_RUN_CNT),
+            run_time_ns: u64_at(INFO_RUN_TIME_NS),
+        });
+    }
+}
+
+/// Run time and runs per program name of the programs loaded after `first_id`, between two
+/// snapshots.
+fn prog_delta(before: &[ProgStat], after: &[ProgStat], first_id: u32) -> Vec<(String, u64, u64)> {
+    after
+        .iter()
+        .filter(|p| p.id > first_id)
+        .map(|a| {
+            let b = before.iter().find(|b| b.id == a.id);
+            (
+                a.name.clone(),
+                a.run_cnt - b.map_or(0, |b| b.run_cnt),
+                a.run_time_ns - b.map_or(0, |b| b.run_time_ns),
+            )
+        })
+        .collect()
 }
 
 /// utime + stime of a process, in clock ticks.
@@ -96,15 +202,46 @@ fn wait_for_text(path: &Path, needle: &str, timeout: Duration, what: &str) -> Re
     Ok(())
 }
 
-/// One fio run under a tracer: IOPS, and the tracer's own CPU as a share of one core.
-fn measure(tracer: Tracer, data: &Path, seconds: u64) -> Result<(f64, f64, Tracer)> {
+/// One fio run under a tracer (or none).
+struct Measured {
+    iops: f64,
+    /// The tracer's CPU as a share of one core.
+    cpu: f64,
+    /// Kernel run time of the tracer's programs per request fio completed.
+    ns_per_request: f64,
+    /// Per program: (name, runs, ns per run).
+    programs: Vec<(String, u64, f64)>,
+    rss_kib: u64,
+}
+
+fn measure(tracer: Option<Tracer>, first_id: u32, data: &Path, seconds: u64) -> Result<Measured> {
     const USER_HZ: f64 = 100.0; // Linux/x86_64
-    let pid = tracer.child.id();
-    let c0 = cpu_ticks(pid);
+    let pid = tracer.as_ref().map(|t| t.child.id());
+    let c0 = pid.map_or(0, cpu_ticks);
+    let p0 = prog_stats();
     let start = Instant::now();
-    let iops = fio_iops(data, seconds)?;
-    let cpu = (cpu_ticks(pid) - c0) as f64 / USER_HZ / start.elapsed().as_secs_f64();
-    Ok((iops, cpu, tracer))
+    let (iops, ios) = fio_iops(data, seconds)?;
+    let p1 = prog_stats();
+    let cpu = pid.map_or(0.0, |p| {
+        (cpu_ticks(p) - c0) as f64 / USER_HZ / start.elapsed().as_secs_f64()
+    });
+    let rss_kib = pid.map_or(0, |p| status_kib(p, "VmRSS:"));
+    if let Some(t) = tracer {
+        t.stop();
+    }
+    let delta = prog_delta(&p0, &p1, first_id);
+    let total_ns: u64 = delta.iter().map(|d| d.2).sum();
+    Ok(Measured {
+        iops,
+        cpu,
+        ns_per_request: total_ns as f64 / ios.max(1) as f64,
+        programs: delta
+            .into_iter()
+            .filter(|d| d.1 > 0)
+            .map(|(n, runs, ns)| (n, runs, ns as f64 / runs.max(1) as f64))
+            .collect(),
+        rss_kib,
+    })
 }
 
 impl Tracer {
@@ -124,9 +261,9 @@ impl Tracer {
         })
     }
 
-    fn bpftrace(dir: &Path) -> Result<Self> {
-        let script = dir.join("biolatency.bt");
-        std::fs::write(&script, BIOLATENCY_BT)?;
+    fn bpftrace(dir: &Path, script_text: &str) -> Result<Self> {
+        let script = dir.join("tracer.bt");
+        std::fs::write(&script, script_text)?;
         let log = dir.join("bpftrace.out");
         let child = Command::new("bpftrace")
             .arg(&script)
@@ -209,90 +346,123 @@ fn main() -> Result<()> {
             .status()?;
     }
 
-    let (mut base, mut iso, mut bt) = (vec![], vec![], vec![]);
-    let (mut iso_cpu, mut bt_cpu, mut iso_rss, mut iso_hwm) = (vec![], vec![], 0, 0);
-    println!("| round | no tracer IOPS | isolator IOPS | bpftrace biolatency IOPS |");
-    println!("|---|---|---|---|");
-    for r in 1..=rounds {
-        let b = fio_iops(&data, seconds)?;
-        let (i, cpu, t) = measure(Tracer::isolator(&dir)?, &data, seconds)?;
-        iso_cpu.push(cpu);
-        iso_rss = iso_rss.max(status_kib(t.child.id(), "VmRSS:"));
-        iso_hwm = iso_hwm.max(status_kib(t.child.id(), "VmHWM:"));
-        t.stop();
-        let (p, cpu, t) = measure(Tracer::bpftrace(&dir)?, &data, seconds)?;
-        bt_cpu.push(cpu);
-        t.stop();
-        println!("| {r} | {b:.0} | {i:.0} | {p:.0} |");
-        base.push(b);
-        iso.push(i);
-        bt.push(p);
-    }
-    let (mb, mi, mp) = (mean(&base), mean(&iso), mean(&bt));
-    println!();
-    println!("| mode | mean IOPS | vs no tracer | tracer CPU (share of one core) |");
-    println!("|---|---|---|---|");
-    println!("| no tracer | {mb:.0} | 100.0 % | - |");
-    println!(
-        "| isolator | {mi:.0} | {:.1} % | {:.2} % |",
-        100.0 * mi / mb,
-        100.0 * mean(&iso_cpu)
-    );
-    println!(
-        "| bpftrace biolatency | {mp:.0} | {:.1} % | {:.2} % |",
-        100.0 * mp / mb,
-        100.0 * mean(&bt_cpu)
-    );
-    println!();
-    println!(
-        "isolator RSS at the end of a loaded run: {:.1} MiB (peak {:.1} MiB)",
-        iso_rss as f64 / 1024.0,
-        iso_hwm as f64 / 1024.0
-    );
-
-    // Per-event program cost: bpf stats on for this phase only (~20 ns per run of cost).
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")?;
-    let t = Tracer::isolator(&dir)?;
-    let events_path = t.events.clone().unwrap();
-    let cycle_programs = || -> Vec<Value> {
-        std::fs::read_to_string(&events_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["type"] == "cycle_end")
-            .collect()
-    };
-    std::thread::sleep(Duration::from_millis(1500));
-    let before = cycle_programs().last().cloned();
-    let iops = fio_iops(&data, seconds)?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let after = cycle_programs().last().cloned();
-    t.stop();
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0")?;
+    let stats_before = std::fs::read_to_string(STATS_SYSCTL)?;
+    std::fs::write(STATS_SYSCTL, "1")?;
+    let result = run_modes(&dir, &data, rounds, seconds);
+    let _ = std::fs::write(STATS_SYSCTL, stats_before.trim());
     if mounted_tracefs {
         let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
     }
     // The benchmark's data file is 1 GiB: leave nothing behind.
     let _ = std::fs::remove_dir_all(&dir);
-    let (Some(before), Some(after)) = (before, after) else {
-        bail!("no cycle_end events with program stats");
-    };
-    println!();
+    result
+}
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+const MODES: [&str; 4] = [
+    "no tracer",
+    "floor: bpftrace count()",
+    "bpftrace biolatency",
+    "isolator",
+];
+
+/// BENCH_MODES=1,3 runs only those modes (indexes into MODES), for quick comparisons.
+fn skip(mode: usize) -> bool {
+    std::env::var("BENCH_MODES").is_ok_and(|m| !m.split(',').any(|x| x.trim() == mode.to_string()))
+}
+
+fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()> {
+    let mut results: Vec<Vec<Measured>> = (0..MODES.len()).map(|_| vec![]).collect();
     println!(
-        "Per-event cost (kernel.bpf_stats_enabled=1 during a {seconds} s run at {iops:.0} IOPS):"
+        "| round | {} |",
+        MODES.map(|m| format!("{m} IOPS (ns/request)")).join(" | ")
+    );
+    println!("|---|---|---|---|---|");
+    for r in 1..=rounds {
+        let mut row = vec![];
+        for (i, mode) in MODES.iter().enumerate() {
+            if skip(i) {
+                results[i].push(Measured {
+                    iops: 1.0,
+                    cpu: 0.0,
+                    ns_per_request: 1.0,
+                    programs: vec![],
+                    rss_kib: 0,
+                });
+                continue;
+            }
+            let first_id = prog_stats().iter().map(|p| p.id).max().unwrap_or(0);
+            let tracer = match i {
+                0 => None,
+                1 => Some(Tracer::bpftrace(dir, FLOOR_BT)?),
+                2 => Some(Tracer::bpftrace(dir, BIOLATENCY_BT)?),
+                _ => Some(Tracer::isolator(dir)?),
+            };
+            let m = measure(tracer, first_id, data, seconds)
+                .with_context(|| format!("round {r}, {mode}"))?;
+            row.push(format!("{:.0} ({:.0})", m.iops, m.ns_per_request));
+            results[i].push(m);
+        }
+        println!("| {r} | {} |", row.join(" | "));
+    }
+    let base = mean(&results[0].iter().map(|m| m.iops).collect::<Vec<_>>());
+    let floor = mean(
+        &results[1]
+            .iter()
+            .map(|m| m.ns_per_request)
+            .collect::<Vec<_>>(),
     );
     println!();
-    println!("| program | runs | ns per run |");
-    println!("|---|---|---|");
-    let progs = |e: &Value| e["programs"].as_array().cloned().unwrap_or_default();
-    for (a, b) in progs(&after).iter().zip(progs(&before).iter()) {
-        let runs = a["run_cnt"].as_u64().unwrap_or(0) - b["run_cnt"].as_u64().unwrap_or(0);
-        let ns = a["run_time_ns"].as_u64().unwrap_or(0) - b["run_time_ns"].as_u64().unwrap_or(0);
-        println!(
-            "| {} | {runs} | {:.0} |",
-            a["name"].as_str().unwrap_or("?"),
-            ns as f64 / runs.max(1) as f64
+    println!("| mode | mean IOPS | vs no tracer | ns per request | vs floor | tracer CPU (share of one core) |");
+    println!("|---|---|---|---|---|---|");
+    for (i, mode) in MODES.iter().enumerate() {
+        let iops = mean(&results[i].iter().map(|m| m.iops).collect::<Vec<_>>());
+        let ns = mean(
+            &results[i]
+                .iter()
+                .map(|m| m.ns_per_request)
+                .collect::<Vec<_>>(),
         );
+        let cpu = mean(&results[i].iter().map(|m| m.cpu).collect::<Vec<_>>());
+        if i == 0 {
+            println!("| {mode} | {iops:.0} | 100.0 % | - | - | - |");
+        } else {
+            println!(
+                "| {mode} | {iops:.0} | {:.1} % | {ns:.0} | {:.2}x | {:.2} % |",
+                100.0 * iops / base,
+                ns / floor,
+                100.0 * cpu
+            );
+        }
     }
+    println!();
+    println!("isolator's programs (mean over rounds):");
+    println!();
+    println!("| program | runs per round | ns per run |");
+    println!("|---|---|---|");
+    let iso = &results[3];
+    let mut names: Vec<String> = iso
+        .iter()
+        .flat_map(|m| m.programs.iter().map(|p| p.0.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    for n in names {
+        let runs: Vec<f64> = iso
+            .iter()
+            .flat_map(|m| m.programs.iter().filter(|p| p.0 == n).map(|p| p.1 as f64))
+            .collect();
+        let ns: Vec<f64> = iso
+            .iter()
+            .flat_map(|m| m.programs.iter().filter(|p| p.0 == n).map(|p| p.2))
+            .collect();
+        println!("| {n} | {:.0} | {:.0} |", mean(&runs), mean(&ns));
+    }
+    println!();
+    println!(
+        "isolator RSS at the end of a loaded run: {:.1} MiB",
+        iso.iter().map(|m| m.rss_kib).max().unwrap_or(0) as f64 / 1024.0
+    );
     Ok(())
 }

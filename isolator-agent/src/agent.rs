@@ -71,6 +71,11 @@ pub struct RunOptions {
     /// completion); beyond, samples are counted as unsampled_requests.
     #[arg(long, value_name = "N", default_value_t = isolator_common::DEFAULT_MAX_HISTOGRAM_KEYS, value_parser = parse_key_count)]
     pub max_histogram_keys: u32,
+    /// Count each key's requests in flight (inflight.now and .peak in the events) with a
+    /// program at issue: a second program run per request. Without it, only the
+    /// time-average in flight (from device time, Little's law) is reported.
+    #[arg(long)]
+    pub count_inflight: bool,
     /// A key idle this long with nothing in flight leaves the kernel maps and the agent's
     /// tables (1s to 1h).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_idle_timeout)]
@@ -253,6 +258,7 @@ pub struct Agent {
     panic_at_cycle: Option<u64>,
     /// Attaching block_rq_insert failed once: said, not retried every cycle.
     insert_failed: bool,
+    issue_failed: bool,
     // Declared last: dropping it detaches the programs after the maps are released.
     probe: Probe,
 }
@@ -343,8 +349,12 @@ impl Agent {
         };
         let stats_map = probe::StatsCapacity::of_this_host(limits)?;
         let btf = probe::load_btf(&opts.btf)?;
-        let mut probe = Probe::load(btf, limits)?;
-        let collector = Collector::new(&mut probe.ebpf, opts.idle_key_timeout.as_nanos() as u64)?;
+        let mut probe = Probe::load(btf, limits, opts.count_inflight)?;
+        let collector = Collector::new(
+            &mut probe.ebpf,
+            opts.idle_key_timeout.as_nanos() as u64,
+            opts.count_inflight,
+        )?;
         if opts.socket.as_os_str() != "off" {
             match StreamServer::bind(&opts.socket) {
                 Ok(s) => sink.serve(s),
@@ -405,6 +415,7 @@ impl Agent {
                 .ok()
                 .and_then(|v| v.parse().ok()),
             insert_failed: false,
+            issue_failed: false,
             probe,
         })
     }
@@ -471,6 +482,24 @@ impl Agent {
                     self.sink.emit(&Event::Warning {
                         code: "insert_attach_failed".into(),
                         message: format!("{e:#}; queue time stays unknown on queues that give requests no start time"),
+                    });
+                }
+            }
+        }
+        if snap.issue_map_timing && !self.issue_failed {
+            // A queue does not stamp requests at issue: the issue program keeps their issue
+            // times. Without it their device latency stays unknown; the cycle goes on.
+            match self.probe.attach_issue() {
+                Ok(true) => self.sink.emit(&Event::Warning {
+                    code: "issue_attached".into(),
+                    message: "a queue does not stamp requests at issue; block_rq_issue attached to time them".into(),
+                }),
+                Ok(false) => {}
+                Err(e) => {
+                    self.issue_failed = true;
+                    self.sink.emit(&Event::Warning {
+                        code: "issue_attach_failed".into(),
+                        message: format!("{e:#}; device latency stays unknown on queues that do not stamp requests at issue"),
                     });
                 }
             }
@@ -584,6 +613,7 @@ impl Agent {
             untraced_completions: snap.untraced_completions,
             issue_map_timing: snap.issue_map_timing,
             insert_attached: self.probe.insert_attached(),
+            issue_attached: self.probe.issue_attached(),
             collect_us: started.elapsed().as_micros() as u64,
             docker_containers: self.docker.as_ref().map(|_| self.registry.containers.len()),
             events_dropped: self.sink.dropped(),
@@ -599,7 +629,10 @@ impl Agent {
         // cgroup -> dev -> DeviceStats
         let mut by_cgroup: BTreeMap<u64, BTreeMap<u32, DeviceStats>> = BTreeMap::new();
         for d in &snap.deltas {
-            let Some(stats) = self.metrics.observe(d, snap.interval_ns) else {
+            let Some(stats) = self
+                .metrics
+                .observe(d, snap.interval_ns, snap.inflight_counted)
+            else {
                 continue;
             };
             let dev = by_cgroup

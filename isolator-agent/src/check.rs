@@ -149,7 +149,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     }
 
     if privileged {
-        items.push(match Probe::load(btf, probe::MapLimits::default()) {
+        items.push(match Probe::load(btf, probe::MapLimits::default(), true) {
             Result::Ok(_p) => item(
                 "load",
                 Ok,

@@ -1,9 +1,9 @@
 //! Reads the eBPF maps once per cycle and diffs them into a [`Snapshot`]: what happened in
-//! the cycle per (cgroup, disk, op). Every key's small counters are read each cycle; a
-//! key's histograms (12 KiB) only when it completed requests since the last read, so the
-//! cost follows the active keys. Keys idle for `idle_timeout` leave the maps and the
-//! agent's tables, as do keys of cgroups that no longer exist, so nothing grows without
-//! bound.
+//! the cycle per (cgroup, disk, op). Both maps are read whole each cycle (no value is per
+//! CPU, so the cost does not grow with the host's CPUs); a key's histograms are diffed only
+//! when it completed requests. Keys idle for `idle_timeout` leave the maps and the agent's
+//! tables, as do keys of cgroups that no longer exist, so the maps hold the keys active in
+//! the last minute, not every key ever seen.
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,9 +12,10 @@ use aya::{
     Ebpf,
 };
 use isolator_common::{
-    IoKey, KeyCounters, KeyHistograms, HIST_BUCKETS, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ,
-    OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
-    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
+    IoKey, KeyCounters, KeyHistograms, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL,
+    MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ, OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH,
+    STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
+    STATE_UNSAMPLED,
 };
 
 use crate::disks::DiskStat;
@@ -78,6 +79,8 @@ pub struct Snapshot {
     /// Keys that left the maps this cycle: idle for the idle timeout with nothing in
     /// flight.
     pub evicted: Vec<IoKey>,
+    /// Requests are counted in flight (`inflight_now`, `inflight_peak` mean something).
+    pub inflight_counted: bool,
     /// The programs saw requests without a start time: block_rq_insert is needed.
     pub need_insert: bool,
     /// Some disk's queue does not fill io_start_time_ns: its requests are timed with an
@@ -229,8 +232,11 @@ pub enum CollectError {
 /// buckets), so a baseline costs bytes per sampled bucket, not 12 KiB per key.
 #[derive(Debug, Default)]
 struct Baseline {
+    /// Totals of both maps.
     ios: u64,
     bytes: u64,
+    /// HISTS' own count: its histograms moved only if this did.
+    hist_ios: u64,
     sums: [u64; 3],
     hists: [Vec<(u16, u32)>; 3],
     /// Monotonic time of the last cycle with an issue or a completion.
@@ -240,12 +246,17 @@ struct Baseline {
 /// Diffs a cumulative dense histogram against its sparse baseline: the cycle's delta, and
 /// `base` becomes the new baseline. Wrapping: exact while a bucket gets fewer than 2^32
 /// samples per cycle.
-fn diff_histogram(now: &[u32; HIST_BUCKETS], base: &mut Vec<(u16, u32)>) -> (SparseHist, u64) {
+fn diff_histogram(
+    buckets: &[[u32; 3]; HIST_BUCKETS],
+    which: usize,
+    base: &mut Vec<(u16, u32)>,
+) -> (SparseHist, u64) {
     let mut delta = Vec::new();
     let mut next = Vec::with_capacity(base.len() + 4);
     let mut old = base.iter().peekable();
     let mut count = 0u64;
-    for (i, &n) in now.iter().enumerate() {
+    for (i, b) in buckets.iter().enumerate() {
+        let n = b[which];
         let p = match old.peek() {
             Some(&&(j, v)) if j as usize == i => {
                 old.next();
@@ -268,11 +279,12 @@ fn diff_histogram(now: &[u32; HIST_BUCKETS], base: &mut Vec<(u16, u32)>) -> (Spa
 
 /// The histogram part of a key's cycle: fills `d` from `now` and moves the baseline on.
 fn diff_histograms(d: &mut KeyDelta, now: &KeyHistograms, base: &mut Baseline) {
-    let sums = [now.lat_sum_ns, now.queue_sum_ns, now.total_sum_ns];
+    let t = now.totals();
+    let sums = [t.lat_sum_ns, t.queue_sum_ns, t.total_sum_ns];
     let [lat, queue, total] = &mut base.hists;
-    (d.lat_hist, d.lat_count) = diff_histogram(&now.lat_hist, lat);
-    (d.queue_hist, d.queue_count) = diff_histogram(&now.queue_hist, queue);
-    (d.total_hist, d.total_count) = diff_histogram(&now.total_hist, total);
+    (d.lat_hist, d.lat_count) = diff_histogram(&now.buckets, HIST_LAT, lat);
+    (d.queue_hist, d.queue_count) = diff_histogram(&now.buckets, HIST_QUEUE, queue);
+    (d.total_hist, d.total_count) = diff_histogram(&now.buckets, HIST_TOTAL, total);
     d.lat_sum_ns = sums[0].wrapping_sub(base.sums[0]);
     d.queue_sum_ns = sums[1].wrapping_sub(base.sums[1]);
     d.total_sum_ns = sums[2].wrapping_sub(base.sums[2]);
@@ -297,6 +309,7 @@ pub struct Collector {
     prev_inflight: HashMap<IoKey, i64>,
     inflight_ledger: InflightLedger,
     idle_timeout_ns: u64,
+    count_inflight: bool,
     early_window_open: bool,
     cycle: u64,
     last_read_ns: u64,
@@ -314,7 +327,11 @@ pub fn monotonic_ns() -> u64 {
 
 impl Collector {
     /// Takes the maps out of the loaded object (the programs stay attached in `ebpf`).
-    pub fn new(ebpf: &mut Ebpf, idle_timeout_ns: u64) -> Result<Self, CollectError> {
+    pub fn new(
+        ebpf: &mut Ebpf,
+        idle_timeout_ns: u64,
+        count_inflight: bool,
+    ) -> Result<Self, CollectError> {
         fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CollectError>
         where
             T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
@@ -330,6 +347,7 @@ impl Collector {
             prev_inflight: HashMap::new(),
             inflight_ledger: InflightLedger::default(),
             idle_timeout_ns,
+            count_inflight,
             early_window_open: true,
             cycle: 0,
             last_read_ns: monotonic_ns(),
@@ -371,12 +389,12 @@ impl Collector {
         let epoch = self.cycle;
         self.close_early_window(now_ns);
 
-        // Counters first, histograms after: the programs add a completion's samples before
-        // its count, so a count seen here has its samples in the histograms read below.
-        let mut counters: Vec<(IoKey, KeyCounters)> = Vec::with_capacity(self.prev.len() + 16);
+        let mut counters: HashMap<IoKey, KeyCounters> = HashMap::with_capacity(self.prev.len());
         for item in self.keys.iter() {
             match item {
-                Ok(kv) => counters.push(kv),
+                Ok((k, v)) => {
+                    counters.insert(k, v);
+                }
                 // Deleted between the key walk and its lookup.
                 Err(aya::maps::MapError::KeyNotFound) => continue,
                 Err(e) => return Err(CollectError::Map(MAP_KEYS, e)),
@@ -384,39 +402,56 @@ impl Collector {
         }
         self.start_epoch()?;
 
-        let mut deltas = Vec::with_capacity(counters.len());
-        for (key, c) in &counters {
-            let base = self.prev.entry(*key).or_default();
+        let mut deltas = Vec::with_capacity(self.prev.len() + 16);
+        let mut seen: HashSet<IoKey> = HashSet::with_capacity(self.prev.len() + 16);
+        let add = |key: IoKey, c: KeyCounters, h: Option<&KeyHistograms>, base: &mut Baseline| {
+            let ht = h.map(KeyHistograms::totals);
+            let (ios, bytes) = ht.map_or((c.ios, c.bytes), |t| {
+                (c.ios.wrapping_add(t.ios), c.bytes.wrapping_add(t.bytes))
+            });
             let mut d = KeyDelta {
-                key: *key,
-                ios: c.ios.wrapping_sub(base.ios),
-                bytes: c.bytes.wrapping_sub(base.bytes),
+                key,
+                ios: ios.wrapping_sub(base.ios),
+                bytes: bytes.wrapping_sub(base.bytes),
                 issued: c.peak_epoch == epoch,
                 ..Default::default()
             };
-            if d.ios != 0 {
-                match self.hists.get(key, 0) {
-                    Ok(h) => diff_histograms(&mut d, &h, base),
-                    // No entry: every sample of the key was lost (counted as unsampled).
-                    Err(aya::maps::MapError::KeyNotFound) => {}
-                    Err(e) => return Err(CollectError::Map(MAP_HISTS, e)),
+            if let (Some(h), Some(t)) = (h, ht) {
+                if t.ios != base.hist_ios {
+                    diff_histograms(&mut d, h, base);
+                    base.hist_ios = t.ios;
                 }
             }
-            base.ios = c.ios;
-            base.bytes = c.bytes;
+            base.ios = ios;
+            base.bytes = bytes;
             // A key first seen idle counts as active now: its idle time starts here.
             if d.had_requests() || base.last_active_ns == 0 {
                 base.last_active_ns = now_ns;
             }
-            deltas.push(d);
+            d
+        };
+        for item in self.hists.iter() {
+            let (key, h) = match item {
+                Ok(kv) => kv,
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(e) => return Err(CollectError::Map(MAP_HISTS, e)),
+            };
+            let c = counters.get(&key).copied().unwrap_or_default();
+            deltas.push(add(key, c, Some(&h), self.prev.entry(key).or_default()));
+            seen.insert(key);
+        }
+        for (key, c) in &counters {
+            if !seen.contains(key) {
+                deltas.push(add(*key, *c, None, self.prev.entry(*key).or_default()));
+                seen.insert(*key);
+            }
         }
         // Keys removed from the maps (forgotten, evicted) drop their baseline too.
-        if self.prev.len() != counters.len() {
-            let seen: HashSet<IoKey> = counters.iter().map(|(k, _)| *k).collect();
+        if self.prev.len() != seen.len() {
             self.prev.retain(|k, _| seen.contains(k));
         }
 
-        let inflight: HashMap<IoKey, KeyCounters> = counters.into_iter().collect();
+        let inflight = counters;
         // Idle: no issue and no completion this cycle.
         let idle = |d: &KeyDelta| !d.had_requests();
         let mut suspects: HashMap<u32, Vec<(IoKey, i64)>> = HashMap::new();
@@ -485,6 +520,7 @@ impl Collector {
             map_full: self.state(STATE_MAP_FULL),
             unsampled: self.state(STATE_UNSAMPLED),
             evicted,
+            inflight_counted: self.count_inflight,
             need_insert: self.state(STATE_NEED_INSERT) != 0,
             issue_map_timing: self.state(STATE_FALLBACK_ANY) != 0,
             inflight_resets,
@@ -554,38 +590,43 @@ mod tests {
     #[test]
     fn histogram_diff_is_exact_across_wraps_and_keeps_a_sparse_baseline() {
         let mut base = Vec::new();
-        let mut now = [0u32; HIST_BUCKETS];
-        now[7] = u32::MAX - 1;
-        now[900] = 4;
-        let (d, n) = diff_histogram(&now, &mut base);
+        let mut all = Box::new([[0u32; 3]; HIST_BUCKETS]);
+        // Only the queue column is diffed; the others must not leak in.
+        all[7][HIST_LAT] = 99;
+        all[8][HIST_TOTAL] = 98;
+        let set = |all: &mut [[u32; 3]; HIST_BUCKETS], i: usize, v: u32| all[i][HIST_QUEUE] = v;
+        set(&mut all, 7, u32::MAX - 1);
+        set(&mut all, 900, 4);
+        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
         assert_eq!(d, vec![(7, (u32::MAX - 1) as u64), (900, 4)]);
         assert_eq!(n, (u32::MAX - 1) as u64 + 4);
         assert_eq!(base, vec![(7, u32::MAX - 1), (900, 4)]);
         // Bucket 7 wraps (5 new samples), 9 is new, 900 is unchanged.
-        now[7] = 3;
-        now[9] = 2;
-        let (d, n) = diff_histogram(&now, &mut base);
+        set(&mut all, 7, 3);
+        set(&mut all, 9, 2);
+        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
         assert_eq!(d, vec![(7, 5), (9, 2)]);
         assert_eq!(n, 7);
         assert_eq!(base, vec![(7, 3), (9, 2), (900, 4)]);
         // A bucket that wraps to exactly 0 still counts its 2^32 - 3 samples.
-        now[7] = 0;
-        let (d, _) = diff_histogram(&now, &mut base);
+        set(&mut all, 7, 0);
+        let (d, _) = diff_histogram(&all, HIST_QUEUE, &mut base);
         assert_eq!(d, vec![(7, (u32::MAX - 2) as u64)]);
         assert_eq!(base, vec![(9, 2), (900, 4)]);
-        let (d, n) = diff_histogram(&now, &mut base);
+        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
         assert!(d.is_empty() && n == 0);
     }
 
     #[test]
     fn key_histograms_diff_into_counts_and_sums() {
         let mut h = Box::new(KeyHistograms::ZERO);
-        h.lat_hist[100] = 3;
-        h.lat_sum_ns = 3000;
-        h.total_hist[120] = 3;
-        h.total_sum_ns = 9000;
-        h.queue_hist[5] = 2;
-        h.queue_sum_ns = 10;
+        h.buckets[100][HIST_LAT] = 3;
+        h.stripes[0].lat_sum_ns = 1000;
+        h.stripes[3].lat_sum_ns = 2000;
+        h.buckets[120][HIST_TOTAL] = 3;
+        h.stripes[1].total_sum_ns = 9000;
+        h.buckets[5][HIST_QUEUE] = 2;
+        h.stripes[2].queue_sum_ns = 10;
         let mut base = Baseline::default();
         let mut d = KeyDelta::default();
         diff_histograms(&mut d, &h, &mut base);
@@ -595,8 +636,8 @@ mod tests {
             (d.queue_count, d.queue_sum_ns, d.queue_hist.clone()),
             (2, 10, vec![(5, 2)])
         );
-        h.lat_hist[101] = 1;
-        h.lat_sum_ns = 4100;
+        h.buckets[101][HIST_LAT] = 1;
+        h.stripes[1].lat_sum_ns = 1100;
         let mut d = KeyDelta::default();
         diff_histograms(&mut d, &h, &mut base);
         assert_eq!(

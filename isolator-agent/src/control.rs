@@ -540,7 +540,7 @@ impl Controller {
                 // Device occupancy (Little's law over device time): the share that hurts
                 // others.
                 mean_inflight: a.lat_sum as f64 / snap.interval_ns.max(1) as f64,
-                peak_inflight: a.peak,
+                peak_inflight: snap.inflight_counted.then_some(a.peak),
                 limit: st.limit,
                 changed_cycle: st.changed_cycle,
                 latency_hist: sparse,

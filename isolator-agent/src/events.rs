@@ -170,6 +170,9 @@ pub enum Event {
         untraced_completions: u64,
         issue_map_timing: bool,
         insert_attached: bool,
+        /// block_rq_issue is attached (--count-inflight, or a queue that does not stamp
+        /// requests at issue).
+        issue_attached: bool,
         collect_us: u64,
         /// Containers Docker reported that exist now (null: Docker off).
         docker_containers: Option<usize>,
@@ -200,7 +203,7 @@ pub enum Event {
         write_mbps: f64,
         iops: f64,
         mean_inflight: f64,
-        peak_inflight: u64,
+        peak_inflight: Option<u64>,
         vio: Option<f64>,
         th_dif_mbps: Option<f64>,
         share: f64,

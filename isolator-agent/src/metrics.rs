@@ -167,10 +167,12 @@ pub struct OpStats {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Inflight {
-    /// At the end of the cycle.
-    pub now: u64,
-    /// Most at once during the cycle.
-    pub peak: u64,
+    /// At the end of the cycle (with `--count-inflight`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub now: Option<u64>,
+    /// Most at once during the cycle (with `--count-inflight`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<u64>,
     /// Time-average over the cycle (Little's law: device busy time of the cycle's
     /// completions / cycle length).
     pub mean: f64,
@@ -185,7 +187,12 @@ pub struct Metrics {
 impl Metrics {
     /// Adds the cycle to the key's windows; returns its statistics unless the key was idle
     /// (an idle cycle still counts: it narrows what the window can cover).
-    pub fn observe(&mut self, d: &KeyDelta, interval_ns: u64) -> Option<OpStats> {
+    pub fn observe(
+        &mut self,
+        d: &KeyDelta,
+        interval_ns: u64,
+        inflight_counted: bool,
+    ) -> Option<OpStats> {
         let [lat, queue, total] = self.windows.entry(d.key).or_default();
         lat.push(interval_ns, d.lat_hist.clone());
         queue.push(interval_ns, d.queue_hist.clone());
@@ -209,8 +216,8 @@ impl Metrics {
             queue: q,
             total: t,
             inflight: Inflight {
-                now: d.inflight_now,
-                peak: d.inflight_peak,
+                now: inflight_counted.then_some(d.inflight_now),
+                peak: inflight_counted.then_some(d.inflight_peak),
                 mean: d.lat_sum_ns as f64 / interval_ns as f64,
             },
             untraced_completions: d.untraced_completions,

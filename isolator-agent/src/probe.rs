@@ -9,8 +9,9 @@ use std::{
 use aya::{maps::Array, programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
 use isolator_common::{
     KeyCounters, KeyHistograms, ProgramSpec, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
-    MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL,
-    ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
+    ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OFFSETS_DISK_IN_REQUEST,
+    OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW,
+    STATE_FIRST_ISSUE_NS,
 };
 
 use crate::btf::{BtfError, KernelBtf};
@@ -44,6 +45,7 @@ pub struct Probe {
     /// (tracepoint, program) this kernel's tracepoints take.
     programs: Vec<(&'static str, &'static str)>,
     on_demand_attached: bool,
+    issue_attached: bool,
     pub features: KernelFeatures,
 }
 
@@ -202,7 +204,13 @@ fn program_mut<'a>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut BtfTracePoi
 }
 
 impl Probe {
-    pub fn load(btf: KernelBtf, limits: MapLimits) -> Result<Self, ProbeError> {
+    /// Loads every program and attaches the completion program; the issue program too when
+    /// `count_inflight`.
+    pub fn load(
+        btf: KernelBtf,
+        limits: MapLimits,
+        count_inflight: bool,
+    ) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
         let chosen = select_programs(&btf)?;
         let features = KernelFeatures {
@@ -230,35 +238,65 @@ impl Probe {
             p.load(tp, &aya_btf)
                 .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
             programs.push((tp, prog));
-            if tp == ON_DEMAND_TRACEPOINT {
-                continue;
-            }
-            if tp == "block_rq_issue" {
-                // Requests issued from here on are counted in flight; completions of those
-                // issued before are told apart by their issue time (and, near this moment,
-                // by EARLY_COUNTED, open until the agent's first cycle).
-                let mut state: Array<_, u64> =
-                    Array::try_from(ebpf.map_mut(MAP_AGENT_STATE).ok_or_else(|| {
-                        ProbeError::Load(format!("map {MAP_AGENT_STATE} missing"))
-                    })?)
-                    .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))?;
-                state
-                    .set(STATE_EARLY_WINDOW, 1, 0)
-                    .and_then(|()| {
-                        state.set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns(), 0)
-                    })
-                    .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))?;
-            }
-            program_mut(&mut ebpf, prog)?
-                .attach()
-                .map_err(|e| ProbeError::Attach(tp.to_string(), error_chain(&e)))?;
         }
-        Ok(Probe {
+        let mut probe = Probe {
             ebpf,
             programs,
             on_demand_attached: false,
+            issue_attached: false,
             features,
-        })
+        };
+        probe.attach("block_rq_complete")?;
+        if count_inflight {
+            probe.state_set(STATE_COUNT_INFLIGHT, 1)?;
+            probe.attach_issue()?;
+        }
+        Ok(probe)
+    }
+
+    fn state_set(&mut self, slot: u32, value: u64) -> Result<(), ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut(MAP_AGENT_STATE)
+            .ok_or_else(|| ProbeError::Load(format!("map {MAP_AGENT_STATE} missing")))?;
+        let mut state: Array<_, u64> = Array::try_from(map)
+            .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))?;
+        state
+            .set(slot, value, 0)
+            .map_err(|e| ProbeError::Load(format!("{MAP_AGENT_STATE}: {e}")))
+    }
+
+    fn attach(&mut self, tracepoint: &str) -> Result<(), ProbeError> {
+        let prog = self
+            .programs
+            .iter()
+            .find(|(tp, _)| *tp == tracepoint)
+            .map(|(_, p)| *p)
+            .ok_or_else(|| ProbeError::Load(format!("{tracepoint} not loaded")))?;
+        program_mut(&mut self.ebpf, prog)?
+            .attach()
+            .map_err(|e| ProbeError::Attach(tracepoint.to_string(), error_chain(&e)))?;
+        Ok(())
+    }
+
+    pub fn issue_attached(&self) -> bool {
+        self.issue_attached
+    }
+
+    /// Attaches block_rq_issue: for in-flight counts, or for queues that do not stamp
+    /// requests at issue. Idempotent.
+    pub fn attach_issue(&mut self) -> Result<bool, ProbeError> {
+        if self.issue_attached {
+            return Ok(false);
+        }
+        // Requests issued from here on are counted in flight; completions of those issued
+        // before are told apart by their issue time (and, near this moment, by
+        // EARLY_COUNTED, open until the agent's first cycle after it).
+        self.state_set(STATE_EARLY_WINDOW, 1)?;
+        self.state_set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns())?;
+        self.attach(ISSUE_TRACEPOINT)?;
+        self.issue_attached = true;
+        Ok(true)
     }
 
     pub fn insert_attached(&self) -> bool {
@@ -271,15 +309,7 @@ impl Probe {
         if self.on_demand_attached {
             return Ok(false);
         }
-        let prog = self
-            .programs
-            .iter()
-            .find(|(tp, _)| *tp == ON_DEMAND_TRACEPOINT)
-            .map(|(_, p)| *p)
-            .ok_or_else(|| ProbeError::Load(format!("{ON_DEMAND_TRACEPOINT} not loaded")))?;
-        program_mut(&mut self.ebpf, prog)?
-            .attach()
-            .map_err(|e| ProbeError::Attach(ON_DEMAND_TRACEPOINT.to_string(), error_chain(&e)))?;
+        self.attach(ON_DEMAND_TRACEPOINT)?;
         self.on_demand_attached = true;
         Ok(true)
     }

@@ -54,7 +54,9 @@ pub struct IoKey {
 /// Cumulative counters of one [`IoKey`] (the KEYS map): one value shared by every CPU,
 /// updated with atomic adds. Never reset by the kernel; the agent diffs successive reads
 /// with wrapping arithmetic. Small on purpose: it is preallocated for every key the map can
-/// hold, and the agent reads every key's value each cycle.
+/// hold. It holds the key's requests in flight (with `--count-inflight`) and the bytes and
+/// counts of completions that found no [`KeyHistograms`] entry; the key's total is the sum
+/// of both maps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyCounters {
@@ -70,35 +72,73 @@ pub struct KeyCounters {
     pub peak_epoch: u64,
 }
 
-/// Latency samples of one [`IoKey`] (the HISTS map): one value shared by every CPU,
-/// updated with atomic adds, allocated on the key's first completion. Its histograms are
-/// dense and exact; a sample's count is its bucket. Counts are u32, diffed with wrapping
-/// arithmetic, exact while one bucket gets fewer than 2^32 samples per cycle.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct KeyHistograms {
+/// Counts and latency sums of a key's completions on a subset of the CPUs: one cache line,
+/// so CPUs of different stripes never write the same line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompletionStripe {
+    /// Completed requests (final completion only).
+    pub ios: u64,
+    /// Completed bytes (every completion, partial ones included).
+    pub bytes: u64,
     /// Sums of the samples in each histogram, for means.
     pub lat_sum_ns: u64,
     pub queue_sum_ns: u64,
     pub total_sum_ns: u64,
-    /// Device latency (issue -> complete), [`latency_bucket`] layout.
-    pub lat_hist: [u32; HIST_BUCKETS],
-    /// Queue time (request start -> issue), [`latency_bucket`] layout.
-    pub queue_hist: [u32; HIST_BUCKETS],
-    /// Total latency (request start -> complete: what the submitter waits, queueing
-    /// included), [`latency_bucket`] layout.
-    pub total_hist: [u32; HIST_BUCKETS],
+    pub _pad: [u64; 3],
 }
+
+/// Stripes of [`KeyHistograms`]: a completion on CPU `c` counts in stripe `c % STRIPES`.
+/// A hot key completing on many CPUs at once would otherwise move one counter line from
+/// CPU to CPU on every request.
+pub const STRIPES: usize = 4;
+
+/// Completions of one [`IoKey`] (the HISTS map): one value shared by every CPU, updated
+/// with atomic adds, allocated on the key's first completion, so a completion costs one
+/// hash lookup. Its histograms are dense and exact; a sample's count is its bucket. Counts
+/// are u32, diffed with wrapping arithmetic, exact while one bucket gets fewer than 2^32
+/// samples per cycle.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KeyHistograms {
+    pub stripes: [CompletionStripe; STRIPES],
+    /// Three histograms in [`latency_bucket`] layout, interleaved by bucket:
+    /// `buckets[i][HIST_LAT]` device latency (issue -> complete), `[HIST_QUEUE]` queue time
+    /// (request start -> issue), `[HIST_TOTAL]` total latency (start -> complete: what the
+    /// submitter waits). A request's device and total latency are close, so their buckets
+    /// usually share a cache line: one line written instead of two.
+    pub buckets: [[u32; 3]; HIST_BUCKETS],
+}
+
+pub const HIST_LAT: usize = 0;
+pub const HIST_QUEUE: usize = 1;
+pub const HIST_TOTAL: usize = 2;
 
 impl KeyHistograms {
     pub const ZERO: KeyHistograms = KeyHistograms {
-        lat_sum_ns: 0,
-        queue_sum_ns: 0,
-        total_sum_ns: 0,
-        lat_hist: [0; HIST_BUCKETS],
-        queue_hist: [0; HIST_BUCKETS],
-        total_hist: [0; HIST_BUCKETS],
+        stripes: [CompletionStripe {
+            ios: 0,
+            bytes: 0,
+            lat_sum_ns: 0,
+            queue_sum_ns: 0,
+            total_sum_ns: 0,
+            _pad: [0; 3],
+        }; STRIPES],
+        buckets: [[0; 3]; HIST_BUCKETS],
     };
+
+    /// The stripes summed (wrapping, as the counters are cumulative).
+    pub fn totals(&self) -> CompletionStripe {
+        let mut t = CompletionStripe::default();
+        for s in &self.stripes {
+            t.ios = t.ios.wrapping_add(s.ios);
+            t.bytes = t.bytes.wrapping_add(s.bytes);
+            t.lat_sum_ns = t.lat_sum_ns.wrapping_add(s.lat_sum_ns);
+            t.queue_sum_ns = t.queue_sum_ns.wrapping_add(s.queue_sum_ns);
+            t.total_sum_ns = t.total_sum_ns.wrapping_add(s.total_sum_ns);
+        }
+        t
+    }
 }
 
 /// Byte offsets of the kernel struct members the programs read, resolved from the running
@@ -165,10 +205,13 @@ pub const STATE_NEED_INSERT: u32 = 5;
 /// Count of completions whose latency samples are not in the histograms because the key's
 /// HISTS entry could not be allocated (map full, or no memory at that moment).
 pub const STATE_UNSAMPLED: u32 = 6;
+/// Non-zero when requests are counted in flight (`--count-inflight`): the issue program
+/// counts them, the completion program takes them off.
+pub const STATE_COUNT_INFLIGHT: u32 = 8;
 /// Non-zero while the issue program records requests in EARLY_COUNTED: from before the
 /// programs are attached until the agent's first cycle ends.
 pub const STATE_EARLY_WINDOW: u32 = 7;
-pub const STATE_SLOTS: u32 = 8;
+pub const STATE_SLOTS: u32 = 16;
 
 /// A tracepoint and the program attached to it. Before 5.11, block_rq_issue and
 /// block_rq_insert took `(struct request_queue *, struct request *)`; the object carries
@@ -204,6 +247,9 @@ pub const PROGRAMS: [ProgramSpec; 3] = [
 ];
 /// Attached only when STATE_NEED_INSERT says the queue gives requests no start time.
 pub const ON_DEMAND_TRACEPOINT: &str = "block_rq_insert";
+/// Attached with `--count-inflight`, or when STATE_FALLBACK_ANY says some queue does not
+/// stamp requests at issue (then it keeps their issue times).
+pub const ISSUE_TRACEPOINT: &str = "block_rq_issue";
 
 #[cfg(feature = "user")]
 mod pod {

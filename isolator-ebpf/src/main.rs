@@ -4,10 +4,12 @@
 //! kept per CPU: a per-CPU map holds one for every *possible* CPU, which on a 128-CPU host
 //! costs 128x a shared one (docs/design/observe-at-scale.md).
 //!
-//! Timing reads the request's own timestamps at completion: `start_time_ns` (allocated),
-//! `io_start_time_ns` (issued), now (completed). A timestamp map keyed by request pointer
-//! is used only on devices whose queue does not fill them (learned at the first completion
-//! that lacks one). The issue program only counts requests in flight.
+//! One program runs per request: at completion, with one hash lookup (HISTS), it counts the
+//! request and its bytes and takes its timing from the request's own timestamps:
+//! `start_time_ns` (allocated), `io_start_time_ns` (issued), now (completed). The issue
+//! program runs only where it is needed: to count requests in flight (`--count-inflight`),
+//! and to keep issue times, in a map keyed by request, for devices whose queue does not
+//! stamp them (learned at the first completion that lacks one).
 //!
 //! Attribution: `rq->bio->bi_blkg->blkcg->css.cgroup->kn->id`, the blkcg the kernel
 //! charges the request to. Struct offsets come from the running kernel's BTF (OFFSETS).
@@ -19,16 +21,16 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, LruHashMap},
     programs::BtfTracePointContext,
 };
 use isolator_common::{
-    kernel_dev, latency_bucket, IoKey, KernelOffsets, KeyCounters, KeyHistograms,
-    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST,
+    kernel_dev, latency_bucket, CompletionStripe, IoKey, KernelOffsets, KeyCounters, KeyHistograms,
+    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL, STRIPES, OFFSETS_DISK_IN_REQUEST,
     OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK,
-    REQ_OP_READ, REQ_OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    REQ_OP_READ, REQ_OP_WRITE, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
     STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
     STATE_UNSAMPLED, UNATTRIBUTED_CGROUP,
 };
@@ -57,14 +59,15 @@ static OFFSETS: KernelOffsets = KernelOffsets {
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_NOEXIST: u64 = 1;
 
-/// Counters of every key. Preallocated (the loader sizes it, `--max-keys`): an insert
-/// fails only when the map is full, never for want of memory, so bytes and counts stay
-/// exact up to the capacity.
+/// In-flight counts of every key, and the bytes and counts of completions that found no
+/// HISTS entry. Preallocated (the loader sizes it, `--max-keys`): an insert fails only when
+/// the map is full, never for want of memory, so bytes and counts stay exact up to the
+/// capacity.
 #[map(name = "KEYS")]
 static KEYS: HashMap<IoKey, KeyCounters> = HashMap::with_max_entries(DEFAULT_MAX_KEYS, 0);
 
-/// Histograms of every key that completed a request; allocated on first use (the loader
-/// sizes it, `--max-histogram-keys`).
+/// Counts, bytes and histograms of every key that completed a request; allocated on first
+/// use (the loader sizes it, `--max-histogram-keys`).
 #[map(name = "HISTS")]
 static HISTS: HashMap<IoKey, KeyHistograms> =
     HashMap::with_max_entries(DEFAULT_MAX_HISTOGRAM_KEYS, BPF_F_NO_PREALLOC);
@@ -102,10 +105,17 @@ static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
 #[map(name = "AGENT_STATE")]
 static AGENT_STATE: Array<u64> = Array::with_max_entries(STATE_SLOTS, 0);
 
-#[inline(always)]
-fn offsets() -> KernelOffsets {
-    // SAFETY: read of a frozen read-only global the loader filled in.
-    unsafe { core::ptr::read_volatile(&OFFSETS) }
+/// One field of OFFSETS, read on its own: one load, where copying the whole struct costs
+/// a load, shifts and a stack slot per field on every run.
+macro_rules! off {
+    ($field:ident) => {
+        {
+            // SAFETY: read of a frozen read-only global the loader filled in.
+            #[allow(unused_unsafe)]
+            let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.$field)) };
+            v
+        }
+    };
 }
 
 /// Reads a field of a kernel object. The programs are BTF tracepoints: the verifier knows
@@ -133,8 +143,8 @@ struct Request {
 /// # Safety
 /// `rq` must be the tracepoint's `struct request *`.
 #[inline(always)]
-unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
-    let cmd_flags: u32 = read_at(rq, o.rq_cmd_flags)?;
+unsafe fn describe(rq: u64) -> Option<Request> {
+    let cmd_flags: u32 = read_at(rq, off!(rq_cmd_flags))?;
     let req_op = cmd_flags & REQ_OP_MASK;
     let op = match req_op {
         REQ_OP_READ => OP_READ,
@@ -142,22 +152,22 @@ unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
         _ => OP_OTHER,
     };
     // A constant branch (OFFSETS is frozen): the verifier drops the side this kernel lacks.
-    let disk: u64 = if o.flags & OFFSETS_DISK_IN_REQUEST != 0 {
-        read_at(rq, o.rq_disk).unwrap_or(0)
+    let disk: u64 = if off!(flags) & OFFSETS_DISK_IN_REQUEST != 0 {
+        read_at(rq, off!(rq_disk)).unwrap_or(0)
     } else {
-        let q: u64 = read_at(rq, o.rq_q)?;
-        read_at(q, o.q_disk).unwrap_or(0)
+        let q: u64 = read_at(rq, off!(rq_q))?;
+        read_at(q, off!(q_disk)).unwrap_or(0)
     };
     let dev = if disk != 0 {
-        let major: i32 = read_at(disk, o.disk_major).unwrap_or(0);
-        let minor: i32 = read_at(disk, o.disk_first_minor).unwrap_or(0);
+        let major: i32 = read_at(disk, off!(disk_major)).unwrap_or(0);
+        let minor: i32 = read_at(disk, off!(disk_first_minor)).unwrap_or(0);
         kernel_dev(major as u32, minor as u32)
     } else {
         0
     };
     Some(Request {
         key: IoKey {
-            cgroup_id: charged_cgroup(o, rq),
+            cgroup_id: charged_cgroup(rq),
             dev,
             op,
         },
@@ -170,26 +180,26 @@ unsafe fn describe(o: &KernelOffsets, rq: u64) -> Option<Request> {
 /// # Safety
 /// `rq` must be the tracepoint's `struct request *`.
 #[inline(always)]
-unsafe fn charged_cgroup(o: &KernelOffsets, rq: u64) -> u64 {
-    if o.flags & OFFSETS_HAVE_BLKCG == 0 {
+unsafe fn charged_cgroup(rq: u64) -> u64 {
+    if off!(flags) & OFFSETS_HAVE_BLKCG == 0 {
         return UNATTRIBUTED_CGROUP;
     }
-    let Some(bio) = read_at::<u64>(rq, o.rq_bio) else {
+    let Some(bio) = read_at::<u64>(rq, off!(rq_bio)) else {
         return UNATTRIBUTED_CGROUP;
     };
-    let Some(blkg) = read_at::<u64>(bio, o.bio_bi_blkg) else {
+    let Some(blkg) = read_at::<u64>(bio, off!(bio_bi_blkg)) else {
         return UNATTRIBUTED_CGROUP;
     };
-    let Some(blkcg) = read_at::<u64>(blkg, o.blkg_blkcg) else {
+    let Some(blkcg) = read_at::<u64>(blkg, off!(blkg_blkcg)) else {
         return UNATTRIBUTED_CGROUP;
     };
-    let Some(cgroup) = read_at::<u64>(blkcg, o.blkcg_css + o.css_cgroup) else {
+    let Some(cgroup) = read_at::<u64>(blkcg, off!(blkcg_css) + off!(css_cgroup)) else {
         return UNATTRIBUTED_CGROUP;
     };
-    let Some(kn) = read_at::<u64>(cgroup, o.cgroup_kn) else {
+    let Some(kn) = read_at::<u64>(cgroup, off!(cgroup_kn)) else {
         return UNATTRIBUTED_CGROUP;
     };
-    read_at::<u64>(kn, o.kn_id).unwrap_or(UNATTRIBUTED_CGROUP)
+    read_at::<u64>(kn, off!(kn_id)).unwrap_or(UNATTRIBUTED_CGROUP)
 }
 
 /// Atomically adds to a counter shared by all CPUs. The result is unused, so LLVM emits
@@ -210,17 +220,17 @@ unsafe fn add_i64(p: *mut i64, delta: i64) {
     atomic_xadd::<i64, i64, { Relaxed }>(p, delta);
 }
 
-/// One latency sample into a (sum, histogram) pair.
+/// One latency sample into a sum and one of the key's three histograms.
 ///
 /// # Safety
-/// `sum_ns` and `hist` must point into a map value.
+/// `sum_ns` and `h` must point into map values.
 #[inline(always)]
-unsafe fn record(sum_ns: *mut u64, hist: *mut [u32; HIST_BUCKETS], ns: u64) {
+unsafe fn record(sum_ns: *mut u64, h: *mut KeyHistograms, which: usize, ns: u64) {
     let idx = latency_bucket(ns);
     add_u64(sum_ns, ns);
-    // Always true by construction; the verifier needs to see the bound.
-    if idx < HIST_BUCKETS {
-        atomic_xadd::<u32, u32, { Relaxed }>(&mut (*hist)[idx], 1);
+    // Always true by construction; the verifier needs to see the bounds.
+    if idx < HIST_BUCKETS && which < 3 {
+        atomic_xadd::<u32, u32, { Relaxed }>(&mut (*h).buckets[idx][which], 1);
     }
 }
 
@@ -276,9 +286,8 @@ fn histograms_for(key: &IoKey) -> Option<*mut KeyHistograms> {
 /// block_rq_insert: only needed when requests get no start time from their queue.
 #[inline(always)]
 fn on_insert(rq: u64) {
-    let o = offsets();
     // SAFETY: rq is the tracepoint's request.
-    let start: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    let start: u64 = unsafe { read_at(rq, off!(rq_start_time_ns)) }.unwrap_or(0);
     if start == 0 {
         // SAFETY: helper without arguments.
         let now = unsafe { bpf_ktime_get_ns() };
@@ -308,9 +317,8 @@ pub fn block_rq_insert_q_rq(ctx: BtfTracePointContext) -> i32 {
 /// zeroes it when the request is allocated); on fallback devices, ISSUE_TS tells.
 #[inline(always)]
 fn on_issue(rq: u64) {
-    let o = offsets();
     // SAFETY: rq is the tracepoint's request.
-    let Some(req) = (unsafe { describe(&o, rq) }) else {
+    let Some(req) = (unsafe { describe(rq) }) else {
         return;
     };
     let fallback = state(STATE_FALLBACK_ANY) != 0 && FALLBACK_DEVS.get_ptr(req.key.dev).is_some();
@@ -323,10 +331,10 @@ fn on_issue(rq: u64) {
         !seen
     } else {
         // SAFETY: rq is the tracepoint's request.
-        let io_start: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
+        let io_start: u64 = unsafe { read_at(rq, off!(rq_io_start_time_ns)) }.unwrap_or(0);
         io_start == 0
     };
-    if !first_issue {
+    if !first_issue || state(STATE_COUNT_INFLIGHT) == 0 {
         return;
     }
     if !fallback && state(STATE_EARLY_WINDOW) != 0 {
@@ -385,53 +393,85 @@ fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
     hit
 }
 
+/// This CPU's stripe of a key's completion counters.
+///
+/// # Safety
+/// `h` must point at a map value.
+#[inline(always)]
+unsafe fn stripe(h: *mut KeyHistograms) -> *mut CompletionStripe {
+    let i = bpf_get_smp_processor_id() as usize % STRIPES;
+    // Always true; the verifier needs to see the bound.
+    if i < STRIPES {
+        &mut (*h).stripes[i]
+    } else {
+        &mut (*h).stripes[0]
+    }
+}
+
+/// Counts a completion in KEYS: for keys whose HISTS entry could not be allocated.
+#[inline(always)]
+fn count_without_histograms(key: &IoKey, nr_bytes: u64, last: bool) {
+    let Some(c) = counters_for(key) else {
+        count_state(STATE_MAP_FULL);
+        return;
+    };
+    // SAFETY: c is a valid map value.
+    unsafe {
+        add_u64(&mut (*c).bytes, nr_bytes);
+        if last {
+            add_u64(&mut (*c).ios, 1);
+        }
+    }
+}
+
 /// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u64 = ctx.arg::<u64>(2) & 0xffff_ffff;
-    let o = offsets();
     // SAFETY: rq is the tracepoint's request.
-    let Some(req) = (unsafe { describe(&o, rq) }) else {
+    let Some(req) = (unsafe { describe(rq) }) else {
         return 0;
     };
-    let Some(c) = counters_for(&req.key) else {
-        count_state(STATE_MAP_FULL);
-        return 0;
-    };
+    let h = histograms_for(&req.key);
     // blk_update_request() traces before it consumes nr_bytes: the request is done when
     // nr_bytes covers what is left of it.
     // SAFETY: rq is the tracepoint's request.
-    let remaining: u32 = unsafe { read_at(rq, o.rq_data_len) }.unwrap_or(0);
+    let remaining: u32 = unsafe { read_at(rq, off!(rq_data_len)) }.unwrap_or(0);
     if nr_bytes < remaining as u64 {
-        // SAFETY: c is a valid map value.
-        unsafe { add_u64(&mut (*c).bytes, nr_bytes) };
+        match h {
+            // SAFETY: h is a valid map value.
+            Some(h) => unsafe { add_u64(&mut (*stripe(h)).bytes, nr_bytes) },
+            None => count_without_histograms(&req.key, nr_bytes, false),
+        }
         return 0;
     }
 
     // SAFETY: helper without arguments; rq is the tracepoint's request.
     let now = unsafe { bpf_ktime_get_ns() };
-    let mut issue_ns: u64 = unsafe { read_at(rq, o.rq_io_start_time_ns) }.unwrap_or(0);
+    let counting = state(STATE_COUNT_INFLIGHT) != 0;
+    let mut issue_ns: u64 = unsafe { read_at(rq, off!(rq_io_start_time_ns)) }.unwrap_or(0);
     let mut counted = false;
     if issue_ns != 0 {
-        counted = issued_since_attach(rq, issue_ns);
+        counted = counting && issued_since_attach(rq, issue_ns);
     } else if !req.passthrough {
         if FALLBACK_DEVS.get_ptr(req.key.dev).is_none() {
+            // Ask the agent to attach the issue program to time this queue's requests.
             let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
             set_state(STATE_FALLBACK_ANY, 1);
         }
         // SAFETY: the value is copied out at once.
         if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
             issue_ns = *t;
-            counted = true;
+            counted = counting;
             let _ = ISSUE_TS.remove(rq);
         }
     }
-    if !counted {
+    if counting && !counted {
         count_state(STATE_PREEXISTING);
     }
     // SAFETY: rq is the tracepoint's request.
-    let mut start_ns: u64 = unsafe { read_at(rq, o.rq_start_time_ns) }.unwrap_or(0);
+    let mut start_ns: u64 = unsafe { read_at(rq, off!(rq_start_time_ns)) }.unwrap_or(0);
     if start_ns == 0 && !req.passthrough {
         if state(STATE_NEED_INSERT) == 0 {
             // Ask the agent to attach block_rq_insert for start times on this queue.
@@ -444,37 +484,34 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         }
     }
 
-    let sampled = (issue_ns != 0 && issue_ns <= now) || (start_ns != 0 && start_ns <= now);
-    if sampled {
-        if let Some(h) = histograms_for(&req.key) {
-            // SAFETY: h is a valid map value.
-            unsafe {
-                if issue_ns != 0 && issue_ns <= now {
-                    record(&mut (*h).lat_sum_ns, &mut (*h).lat_hist, now - issue_ns);
-                }
-                if start_ns != 0 && start_ns <= now {
-                    record(&mut (*h).total_sum_ns, &mut (*h).total_hist, now - start_ns);
-                    if issue_ns >= start_ns {
-                        record(
-                            &mut (*h).queue_sum_ns,
-                            &mut (*h).queue_hist,
-                            issue_ns - start_ns,
-                        );
-                    }
+    match h {
+        // SAFETY: h is a valid map value.
+        Some(h) => unsafe {
+            let s = stripe(h);
+            if issue_ns != 0 && issue_ns <= now {
+                record(&mut (*s).lat_sum_ns, h, HIST_LAT, now - issue_ns);
+            }
+            if start_ns != 0 && start_ns <= now {
+                record(&mut (*s).total_sum_ns, h, HIST_TOTAL, now - start_ns);
+                if issue_ns >= start_ns {
+                    record(&mut (*s).queue_sum_ns, h, HIST_QUEUE, issue_ns - start_ns);
                 }
             }
-        } else {
-            count_state(STATE_UNSAMPLED);
+            add_u64(&mut (*s).bytes, nr_bytes);
+            add_u64(&mut (*s).ios, 1);
+        },
+        None => {
+            // The latency samples are lost; the bytes and the completion are not.
+            if issue_ns != 0 || start_ns != 0 {
+                count_state(STATE_UNSAMPLED);
+            }
+            count_without_histograms(&req.key, nr_bytes, true);
         }
     }
-    // After the samples: the agent reads a key's histograms only when its count moved, and
-    // a locked add orders the stores before it (x86).
-    // SAFETY: c is a valid map value.
-    unsafe {
-        add_u64(&mut (*c).bytes, nr_bytes);
-        add_u64(&mut (*c).ios, 1);
-        if counted {
-            add_i64(&mut (*c).inflight, -1);
+    if counted {
+        if let Some(c) = KEYS.get_ptr_mut(&req.key) {
+            // SAFETY: c is a valid map value.
+            unsafe { add_i64(&mut (*c).inflight, -1) };
         }
     }
     0

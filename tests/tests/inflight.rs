@@ -15,7 +15,7 @@ fn peak_shows_a_burst_inside_the_cycle() {
     let data = scratch.path("data");
     make_file(&data, 256 << 20);
     let cg = TestCgroup::new("iso-inflight");
-    let agent = Agent::start(&["--interval", "10s"]);
+    let agent = Agent::start(&["--interval", "10s", "--count-inflight"]);
     agent.wait_cycles(1);
     // 16384 reads by 8 threads: well under a second here, far inside the 10 s cycle.
     run_ok(Command::new(loadgen_bin()).args([

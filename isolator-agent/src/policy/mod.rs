@@ -106,7 +106,8 @@ pub struct ServiceLoad {
     pub mean_latency_ns: Option<f64>,
     /// Time-averaged requests in flight (Little's law: summed latency / interval).
     pub mean_inflight: f64,
-    pub peak_inflight: u64,
+    /// None unless requests are counted in flight (`--count-inflight`).
+    pub peak_inflight: Option<u64>,
     /// The limit in force during this cycle.
     pub limit: IoMaxLimit,
     /// For the event stream only (no policy reads them): the latency histogram behind

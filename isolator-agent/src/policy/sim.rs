@@ -184,7 +184,7 @@ impl SimDisk {
                 samples: l.samples,
                 mean_latency_ns: l.mean,
                 mean_inflight: l.inflight,
-                peak_inflight: l.inflight.ceil() as u64,
+                peak_inflight: Some(l.inflight.ceil() as u64),
                 limit: s.limit,
                 changed_cycle: s.changed,
                 latency_hist: vec![],
