@@ -506,6 +506,8 @@ pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
 /// benchmark so that both measure the same thing: `db`, 4 KiB random reads at QD1 (latency
 /// service), next to `backup`, 1 MiB sequential O_DIRECT writes at QD32 (best-effort, 20 MB/s
 /// floor).
+pub mod vm;
+
 pub mod noisy {
     use super::*;
 
