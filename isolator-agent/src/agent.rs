@@ -63,7 +63,7 @@ pub struct RunOptions {
     /// do not serve).
     #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// (cgroup, disk, op) keys the kernel counters hold (104 B each, allocated at start); a
+    /// (cgroup, disk, op) keys the kernel counters hold (120 B each, allocated at start); a
     /// request of a key beyond is a counted loss (cycle_end.map_full).
     #[arg(long, value_name = "N", default_value_t = isolator_common::DEFAULT_MAX_KEYS, value_parser = parse_key_count)]
     pub max_keys: u32,
@@ -76,8 +76,8 @@ pub struct RunOptions {
     /// time-average in flight (from device time, Little's law) is reported.
     #[arg(long)]
     pub count_inflight: bool,
-    /// A key idle this long with nothing in flight leaves the kernel maps and the agent's
-    /// tables (1s to 1h).
+    /// A key idle this long (and with --count-inflight, nothing in flight) leaves the kernel
+    /// maps and the agent's tables (1s to 1h).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_idle_timeout)]
     pub idle_key_timeout: Duration,
 }

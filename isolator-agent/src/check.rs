@@ -242,7 +242,7 @@ fn capacity_item(cap: Result<probe::StatsCapacity, probe::ProbeError>) -> Item {
     };
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let detail = format!(
-        "counters for up to {} (cgroup, disk, op) keys ({:.1} MiB, allocated at start), histograms for up to {} keys ({} KiB each, {:.1} MiB at most); nothing per CPU ({} possible CPUs): {:.1} MiB per 1,000 active keys",
+        "defaults: counters for up to {} (cgroup, disk, op) keys ({:.1} MiB, allocated at start), histograms for up to {} keys ({} KiB each, {:.1} MiB at most); no value per CPU ({} possible CPUs): {:.1} MiB per 1,000 active keys",
         cap.capacity_keys,
         mib(cap.counters_bytes),
         cap.capacity_histogram_keys,
@@ -256,7 +256,7 @@ fn capacity_item(cap: Result<probe::StatsCapacity, probe::ProbeError>) -> Item {
             "capacity",
             Status::Warn,
             detail,
-            Some("lower --max-histogram-keys (16 KiB of kernel memory each when full)"),
+            Some("lower --max-histogram-keys (16 KiB of kernel memory each) or --max-keys"),
         )
     } else {
         item("capacity", Status::Ok, detail, None)
@@ -301,7 +301,7 @@ mod tests {
             default.detail
         );
         assert!(
-            default.detail.contains("1.6 MiB, allocated"),
+            default.detail.contains("1.9 MiB, allocated"),
             "{}",
             default.detail
         );

@@ -28,11 +28,12 @@ use aya_ebpf::{
 };
 use isolator_common::{
     kernel_dev, latency_bucket, CompletionStripe, IoKey, KernelOffsets, KeyCounters, KeyHistograms,
-    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL, STRIPES, OFFSETS_DISK_IN_REQUEST,
-    OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK,
-    REQ_OP_READ, REQ_OP_WRITE, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
-    STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
-    STATE_UNSAMPLED, UNATTRIBUTED_CGROUP,
+    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL,
+    OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN,
+    REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ, REQ_OP_WRITE, STATE_COUNT_INFLIGHT,
+    STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL,
+    STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS, STATE_UNSAMPLED, STRIPES,
+    UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -108,14 +109,12 @@ static AGENT_STATE: Array<u64> = Array::with_max_entries(STATE_SLOTS, 0);
 /// One field of OFFSETS, read on its own: one load, where copying the whole struct costs
 /// a load, shifts and a stack slot per field on every run.
 macro_rules! off {
-    ($field:ident) => {
-        {
-            // SAFETY: read of a frozen read-only global the loader filled in.
-            #[allow(unused_unsafe)]
-            let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.$field)) };
-            v
-        }
-    };
+    ($field:ident) => {{
+        // SAFETY: read of a frozen read-only global the loader filled in.
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.$field)) };
+        v
+    }};
 }
 
 /// Reads a field of a kernel object. The programs are BTF tracepoints: the verifier knows
@@ -338,7 +337,13 @@ fn on_issue(rq: u64) {
         return;
     }
     if !fallback && state(STATE_EARLY_WINDOW) != 0 {
-        let _ = EARLY_COUNTED.insert(rq, 1u8, 0);
+        // Only as long as completions may ask (twice their window): later entries would
+        // never be removed and would push the needed ones out of the LRU.
+        // SAFETY: helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if now < state(STATE_FIRST_ISSUE_NS) + 2 * EARLY_CHECK_NS {
+            let _ = EARLY_COUNTED.insert(rq, 1u8, 0);
+        }
     }
     let Some(c) = counters_for(&req.key) else {
         count_state(STATE_MAP_FULL);
@@ -379,7 +384,7 @@ pub fn block_rq_issue_q_rq(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
     let first = state(STATE_FIRST_ISSUE_NS);
-    if first == 0 || issue_ns < first {
+    if first == 0 {
         return false;
     }
     if issue_ns >= first + EARLY_CHECK_NS {
