@@ -256,7 +256,8 @@ pub struct Agent {
     /// Fault injection for the tests of what a panic leaves behind (nothing): the cycle
     /// of this number panics. Set by ISOLATOR_FAULT_PANIC_AT_CYCLE.
     panic_at_cycle: Option<u64>,
-    /// Attaching block_rq_insert failed once: said, not retried every cycle.
+    /// Attaching block_rq_insert / block_rq_issue on demand failed once: said, not retried
+    /// every cycle.
     insert_failed: bool,
     issue_failed: bool,
     // Declared last: dropping it detaches the programs after the maps are released.
@@ -471,38 +472,26 @@ impl Agent {
         }
         if snap.need_insert && !self.insert_failed {
             // Optional: without it queue time is unknown on such queues; the cycle goes on.
-            match self.probe.attach_insert() {
-                Ok(true) => self.sink.emit(&Event::Warning {
-                    code: "insert_attached".into(),
-                    message: "a queue gives requests no start time; block_rq_insert attached to time their queueing".into(),
-                }),
-                Ok(false) => {}
-                Err(e) => {
-                    self.insert_failed = true;
-                    self.sink.emit(&Event::Warning {
-                        code: "insert_attach_failed".into(),
-                        message: format!("{e:#}; queue time stays unknown on queues that give requests no start time"),
-                    });
-                }
-            }
+            let r = self.probe.attach_insert();
+            self.insert_failed = report_attach(
+                &mut self.sink,
+                r,
+                "insert",
+                "a queue gives requests no start time; block_rq_insert attached to time their queueing",
+                "queue time stays unknown on queues that give requests no start time",
+            );
         }
         if snap.issue_map_timing && !self.issue_failed {
             // A queue does not stamp requests at issue: the issue program keeps their issue
             // times. Without it their device latency stays unknown; the cycle goes on.
-            match self.probe.attach_issue() {
-                Ok(true) => self.sink.emit(&Event::Warning {
-                    code: "issue_attached".into(),
-                    message: "a queue does not stamp requests at issue; block_rq_issue attached to time them".into(),
-                }),
-                Ok(false) => {}
-                Err(e) => {
-                    self.issue_failed = true;
-                    self.sink.emit(&Event::Warning {
-                        code: "issue_attach_failed".into(),
-                        message: format!("{e:#}; device latency stays unknown on queues that do not stamp requests at issue"),
-                    });
-                }
-            }
+            let r = self.probe.attach_issue();
+            self.issue_failed = report_attach(
+                &mut self.sink,
+                r,
+                "issue",
+                "a queue does not stamp requests at issue; block_rq_issue attached to time them",
+                "device latency stays unknown on queues that do not stamp requests at issue",
+            );
         }
         let containers_changed = self.follow_docker();
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
@@ -725,6 +714,33 @@ impl Agent {
 const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Waits for the signal, or forever without one.
+/// Says what attaching an optional program on demand did (`<what>_attached`, or
+/// `<what>_attach_failed` with its consequence); returns whether it failed, so it is said
+/// once and not retried every cycle.
+fn report_attach(
+    sink: &mut NdjsonSink,
+    result: Result<bool, crate::probe::ProbeError>,
+    what: &str,
+    attached: &str,
+    without: &str,
+) -> bool {
+    match result {
+        Ok(true) => sink.emit(&Event::Warning {
+            code: format!("{what}_attached"),
+            message: attached.into(),
+        }),
+        Ok(false) => {}
+        Err(e) => {
+            sink.emit(&Event::Warning {
+                code: format!("{what}_attach_failed"),
+                message: format!("{e:#}; {without}"),
+            });
+            return true;
+        }
+    }
+    false
+}
+
 async fn next_signal(s: &mut Option<tokio::signal::unix::Signal>) {
     match s {
         Some(s) => {

@@ -119,8 +119,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     let tracefs = std::fs::read_to_string("/proc/self/mounts")
         .map(|m| m.lines().any(|l| l.split(' ').nth(2) == Some("tracefs")))
         .unwrap_or(false);
-    let queue_first = probe::check_tracepoints(&btf);
-    items.push(match &queue_first {
+    items.push(match probe::check_tracepoints(&btf) {
         Result::Ok(_) => item(
             "tracepoints",
             Ok,
@@ -132,11 +131,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         ),
         Err(e) => item("tracepoints", Fail, e.to_string(), Some("see the message")),
     });
-    if let (Result::Ok(o), Result::Ok(queue_first)) = (&offsets, &queue_first) {
-        let features = probe::KernelFeatures {
-            disk_in_request: o.flags & isolator_common::OFFSETS_DISK_IN_REQUEST != 0,
-            queue_first_tracepoints: *queue_first,
-        };
+    if let Result::Ok(features) = probe::KernelFeatures::detect(&btf) {
         items.push(item(
             "features",
             Ok,

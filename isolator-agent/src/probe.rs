@@ -8,10 +8,10 @@ use std::{
 
 use aya::{maps::Array, programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
 use isolator_common::{
-    KeyCounters, KeyHistograms, ProgramSpec, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
-    ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OFFSETS_DISK_IN_REQUEST,
-    OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW,
-    STATE_FIRST_ISSUE_NS,
+    KernelOffsets, KeyCounters, KeyHistograms, ProgramSpec, DEFAULT_MAX_HISTOGRAM_KEYS,
+    DEFAULT_MAX_KEYS, ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS,
+    OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_COUNT_INFLIGHT,
+    STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
 };
 
 use crate::btf::{BtfError, KernelBtf};
@@ -46,6 +46,7 @@ pub struct Probe {
     programs: Vec<(&'static str, &'static str)>,
     on_demand_attached: bool,
     issue_attached: bool,
+    count_inflight: bool,
     pub features: KernelFeatures,
 }
 
@@ -104,10 +105,26 @@ pub fn select_programs(btf: &KernelBtf) -> Result<Vec<(ProgramSpec, &'static str
         .collect()
 }
 
+impl KernelFeatures {
+    fn of(offsets: &KernelOffsets, chosen: &[(ProgramSpec, &'static str)]) -> Self {
+        KernelFeatures {
+            disk_in_request: offsets.flags & OFFSETS_DISK_IN_REQUEST != 0,
+            queue_first_tracepoints: chosen.iter().any(|(spec, p)| *p != spec.program),
+        }
+    }
+
+    /// What the loader will pick on the kernel `btf` describes.
+    pub fn detect(btf: &KernelBtf) -> Result<Self, ProbeError> {
+        Ok(KernelFeatures::of(
+            &btf.kernel_offsets()?,
+            &select_programs(btf)?,
+        ))
+    }
+}
+
 /// Checks the tracepoints the programs need exist with an argument list they handle.
-pub fn check_tracepoints(btf: &KernelBtf) -> Result<bool, ProbeError> {
-    let chosen = select_programs(btf)?;
-    Ok(chosen.iter().any(|(spec, p)| *p != spec.program))
+pub fn check_tracepoints(btf: &KernelBtf) -> Result<(), ProbeError> {
+    select_programs(btf).map(|_| ())
 }
 
 pub fn load_btf(path: &Path) -> Result<KernelBtf, ProbeError> {
@@ -214,10 +231,7 @@ impl Probe {
     ) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
         let chosen = select_programs(&btf)?;
-        let features = KernelFeatures {
-            disk_in_request: offsets.flags & OFFSETS_DISK_IN_REQUEST != 0,
-            queue_first_tracepoints: chosen.iter().any(|(spec, p)| *p != spec.program),
-        };
+        let features = KernelFeatures::of(&offsets, &chosen);
         // aya's own (much larger) model of the kernel BTF, for the programs' attach targets;
         // ours is dropped first so the two never coexist in memory.
         let raw = btf.into_raw();
@@ -245,6 +259,7 @@ impl Probe {
             programs,
             on_demand_attached: false,
             issue_attached: false,
+            count_inflight,
             features,
         };
         probe.attach("block_rq_complete")?;
@@ -290,11 +305,13 @@ impl Probe {
         if self.issue_attached {
             return Ok(false);
         }
-        // Requests issued from here on are counted in flight; completions of those issued
-        // before are told apart by their issue time (and, near this moment, by
-        // EARLY_COUNTED, open until the agent's first cycle after it).
-        self.state_set(STATE_EARLY_WINDOW, 1)?;
-        self.state_set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns())?;
+        if self.count_inflight {
+            // Requests issued from here on are counted in flight; completions of those
+            // issued before are told apart by their issue time (and, near this moment, by
+            // EARLY_COUNTED, open until the agent's first cycle).
+            self.state_set(STATE_EARLY_WINDOW, 1)?;
+            self.state_set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns())?;
+        }
         self.attach(ISSUE_TRACEPOINT)?;
         self.issue_attached = true;
         Ok(true)
@@ -350,11 +367,71 @@ pub struct ProgramStats {
 }
 
 // Offsets in the kernel's struct bpf_prog_info (uapi, append-only).
+const INFO_NAME: usize = 64;
 const INFO_RUN_TIME_NS: usize = 192;
 const INFO_RUN_CNT: usize = 200;
 const INFO_RECURSION_MISSES: usize = 208;
 const INFO_LEN: usize = 232;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+
+/// A program loaded on the host (by anyone), with its kernel statistics.
+#[derive(Debug, Clone)]
+pub struct LoadedProgram {
+    pub id: u32,
+    /// The kernel's name for it (at most 15 bytes).
+    pub name: String,
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+}
+
+/// Every BPF program loaded on the host, by id (needs CAP_SYS_ADMIN): for comparing the
+/// programs' cost with other tracers' (the overhead benchmark).
+pub fn loaded_programs() -> Vec<LoadedProgram> {
+    let bpf_id = |cmd: libc::c_long, id: u32| -> i64 {
+        // start_id/prog_id, next_id, open_flags: the bpf_attr prefix of both commands.
+        let mut attr = [id, 0u32, 0u32, 0u32];
+        // SAFETY: attr is a zero-padded bpf_attr prefix for these commands.
+        let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 16) };
+        if cmd == BPF_PROG_GET_NEXT_ID {
+            if rc == 0 {
+                attr[1] as i64
+            } else {
+                -1
+            }
+        } else {
+            rc
+        }
+    };
+    let u64_at =
+        |b: &[u8; INFO_LEN], off: usize| u64::from_ne_bytes(b[off..off + 8].try_into().unwrap());
+    let mut out = vec![];
+    let mut id = 0u32;
+    loop {
+        let next = bpf_id(BPF_PROG_GET_NEXT_ID, id);
+        if next < 0 {
+            return out;
+        }
+        id = next as u32;
+        let fd = bpf_id(BPF_PROG_GET_FD_BY_ID, id);
+        if fd < 0 {
+            continue;
+        }
+        let info = prog_info(fd as i32);
+        // SAFETY: fd is ours to close.
+        unsafe { libc::close(fd as i32) };
+        let Some(info) = info else { continue };
+        let name = &info[INFO_NAME..INFO_NAME + 16];
+        let end = name.iter().position(|&b| b == 0).unwrap_or(16);
+        out.push(LoadedProgram {
+            id,
+            name: String::from_utf8_lossy(&name[..end]).into_owned(),
+            run_cnt: u64_at(&info, INFO_RUN_CNT),
+            run_time_ns: u64_at(&info, INFO_RUN_TIME_NS),
+        });
+    }
+}
 
 fn prog_info(fd: i32) -> Option<[u8; INFO_LEN]> {
     #[repr(C)]

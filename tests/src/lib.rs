@@ -147,6 +147,16 @@ impl TestCgroup {
         format!("/{}", self.dir.file_name().unwrap().to_string_lossy())
     }
 
+    /// v1 counts io_service_bytes only once throttling is set up on the queue: sets and
+    /// clears a limit on this cgroup to get the kernel's counters going (nothing on v2).
+    pub fn start_kernel_counters(&self, dev: &str) {
+        if !self.v2 {
+            let knob = self.dir.join("blkio.throttle.read_bps_device");
+            std::fs::write(&knob, format!("{dev} 1099511627776")).unwrap();
+            std::fs::write(&knob, format!("{dev} 0")).unwrap();
+        }
+    }
+
     /// Kernel's own per-device byte counters: (read, write incl. discard) for `dev`.
     pub fn kernel_bytes(&self, dev: &str) -> (u64, u64) {
         if self.v2 {
@@ -484,6 +494,16 @@ impl Drop for Agent {
 }
 
 /// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
+/// Asserts the agent's byte count is within `fraction` of the kernel's.
+pub fn assert_bytes_within(name: &str, agent: u64, kernel: u64, fraction: f64, diag: &str) {
+    let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
+    assert!(
+        err <= fraction,
+        "{name}: agent {agent} vs kernel {kernel} bytes ({:.3} % off); {diag}",
+        err * 100.0
+    );
+}
+
 pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
     let (mut r, mut w) = (0, 0);
     for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {

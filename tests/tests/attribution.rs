@@ -10,12 +10,7 @@ fn within(name: &str, agent: u64, kernel: u64, at_least: u64, diag: &str) {
         kernel >= at_least,
         "{name}: kernel counted {kernel} bytes, expected at least {at_least}: the load did not run"
     );
-    let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
-    assert!(
-        err <= 0.02,
-        "{name}: agent {agent} vs kernel {kernel} bytes ({:.2} % off); {diag}",
-        err * 100.0
-    );
+    assert_bytes_within(name, agent, kernel, 0.02, diag);
 }
 
 #[test]
@@ -25,13 +20,8 @@ fn per_cgroup_bytes_match_kernel_counters() {
     let dev = disk_of(&scratch.dir);
     let a = TestCgroup::new("iso-attr-direct");
     let b = TestCgroup::new("iso-attr-buffered");
-    if !a.v2 {
-        // v1 counts io_service_bytes only once throttling is set up on the queue: set and
-        // clear a limit on our own cgroup to get the kernel's counters going.
-        let knob = a.dir.join("blkio.throttle.read_bps_device");
-        std::fs::write(&knob, format!("{dev} 1099511627776")).unwrap();
-        std::fs::write(&knob, format!("{dev} 0")).unwrap();
-    }
+    // Both share the v1 queue: starting one cgroup's counters starts the queue's.
+    a.start_kernel_counters(&dev);
     let reads = scratch.path("reads");
     make_file(&reads, 64 << 20);
 

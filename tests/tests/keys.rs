@@ -8,16 +8,6 @@ use std::{process::Command, time::Duration};
 use isolator_tests::*;
 use serde_json::Value;
 
-/// v1 counts io_service_bytes only once throttling is set up on the queue: set and clear a
-/// limit on the cgroup to get the kernel's counters going.
-fn start_kernel_counters(cg: &TestCgroup, dev: &str) {
-    if !cg.v2 {
-        let knob = cg.dir.join("blkio.throttle.read_bps_device");
-        std::fs::write(&knob, format!("{dev} 1099511627776")).unwrap();
-        std::fs::write(&knob, format!("{dev} 0")).unwrap();
-    }
-}
-
 fn read_direct(cg: &TestCgroup, file: &str, bytes: u64, seconds: u64) -> std::process::Child {
     Command::new(loadgen_bin())
         .args(["--cgroup", cg.dir.to_str().unwrap(), "--path", file])
@@ -52,8 +42,8 @@ fn idle_keys_leave_and_busy_keys_stay_exact() {
     let file = file.to_str().unwrap().to_string();
     let busy = TestCgroup::new("iso-keys-busy");
     let idle = TestCgroup::new("iso-keys-idle");
-    start_kernel_counters(&busy, &dev);
-    start_kernel_counters(&idle, &dev);
+    busy.start_kernel_counters(&dev);
+    idle.start_kernel_counters(&dev);
 
     let mut agent = Agent::start(&["--interval", "1s", "--idle-key-timeout", "2s"]);
     // The busy reader runs throughout; the other reads once, idles until its key is
@@ -117,12 +107,7 @@ fn idle_keys_leave_and_busy_keys_stay_exact() {
         // Not equal to the byte: this machine's kernel runs no completion tracepoint for
         // about 1 in 10-20k requests (see collector::InflightLedger); a key lost to an
         // eviction would miss far more.
-        let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
-        assert!(
-            err <= 0.001,
-            "{name}: agent {agent} vs kernel {kernel} read bytes ({:.3} % off)",
-            err * 100.0
-        );
+        assert_bytes_within(name, agent, kernel, 0.001, "read bytes");
     }
 }
 
