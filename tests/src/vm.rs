@@ -276,9 +276,16 @@ impl ScaleRun {
 
 /// Boots Debian's 6.1 kernel with `-smp smp` and the scale guest.
 pub fn scale_run(smp: &str, cgroups: usize, churn: bool) -> ScaleRun {
+    scale_run_on("linux-image-6.1.", smp, cgroups, churn)
+}
+
+/// As [`scale_run`], on the unpacked kernel whose directory starts with `kernel`. Before
+/// 5.11 BPF maps are charged to RLIMIT_MEMLOCK, not to the memcg: there the kernel memory
+/// figure leaves the maps out.
+pub fn scale_run_on(kernel: &str, smp: &str, cgroups: usize, churn: bool) -> ScaleRun {
     require_tool("qemu-system-x86_64");
     require_tool("cpio");
-    let kdir = kernel_dir("linux-image-6.1.");
+    let kdir = kernel_dir(kernel);
     let scratch = Scratch::new();
     let init = SCALE_INIT
         .replace("\"$CHURN\" = 1", if churn { "1 = 1" } else { "1 = 0" })

@@ -4,8 +4,9 @@
 //! Prints a markdown table.
 //!
 //!   cargo run --release -p isolator-benches --bin observe-scale -- [--cpus 2,64,128] [--cgroups 2,12,125,250]
+//!       [--kernel linux-image-6.12.]   (a directory prefix under target/vm-kernels)
 
-use isolator_tests::vm::scale_run;
+use isolator_tests::vm::scale_run_on;
 
 fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
     match args.iter().position(|a| a == flag) {
@@ -21,6 +22,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cpus = list(&args, "--cpus", &[2, 64, 128]);
     let cgroups = list(&args, "--cgroups", &[2, 12, 125, 250]);
+    let kernel = args
+        .iter()
+        .position(|a| a == "--kernel")
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| "linux-image-6.1.".into());
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!("| possible CPUs | keys | agent kernel memory | of it per-CPU | agent RSS | agent CPU per cycle (tcg) | collect per cycle (tcg) |");
     println!("|---|---|---|---|---|---|---|");
@@ -31,7 +37,7 @@ fn main() {
             } else {
                 format!("2,maxcpus={p}")
             };
-            let r = scale_run(&smp, n, false);
+            let r = scale_run_on(&kernel, &smp, n, false);
             println!(
                 "| {p} | {} | {:.1} MiB | {:.2} MiB | {:.1} MiB | {:.1} ms | {:.1} ms |",
                 r.loaded.tracked_keys,
