@@ -181,8 +181,9 @@ pub const OFFSETS_GLOBAL: &str = "OFFSETS";
 pub const DEFAULT_MAX_KEYS: u32 = 16384;
 /// Keys the HISTS map holds by default (`--max-histogram-keys`); allocated per key on its
 /// first completion. A completion without a histogram entry is a counted loss of its
-/// latency sample (`cycle_end.unsampled_requests`); its bytes and count are kept.
-pub const DEFAULT_MAX_HISTOGRAM_KEYS: u32 = 4096;
+/// latency sample (`cycle_end.unsampled_requests`); its bytes and count are kept. Sized for
+/// 2,000 containers each reading and writing on two disks (16 KiB each, 128 MiB at most).
+pub const DEFAULT_MAX_HISTOGRAM_KEYS: u32 = 8192;
 
 /// Names of the maps the agent reads (the programs' `#[map(name = ...)]` must match).
 pub const MAP_KEYS: &str = "KEYS";
