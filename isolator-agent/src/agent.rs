@@ -21,7 +21,10 @@ use crate::{
     disks::{DiskBusy, DiskNames},
     docker::{self, ContainerTable, DockerUpdate},
     enforcer::{Enforcer, HostLock, Journal},
-    events::{CgroupRef, DeviceStats, DiskCycle, Event, NdjsonSink, Totals},
+    events::{
+        AgentStart, AgentStop, CgroupGone, CgroupRef, CgroupStats, CycleEnd, DeviceStats,
+        DiskCycle, DockerConnected, Event, NdjsonSink, Notice, Totals,
+    },
     metrics::Metrics,
     policy, privileges,
     probe::{self, Probe},
@@ -286,10 +289,10 @@ impl Agent {
         let mut early_events = vec![];
         if let Err(e) = privileges::raise_memlock() {
             // Kernels >= 5.11 charge BPF memory to the memory cgroup: not fatal.
-            early_events.push(Event::Warning {
+            early_events.push(Event::Warning(Notice {
                 code: "memlock".into(),
                 message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
-            });
+            }));
         }
         let hierarchy = IoHierarchy::detect()?;
         // The config is checked before anything is locked, recovered or written.
@@ -327,10 +330,10 @@ impl Agent {
                     Ok(rs) => {
                         early_events.extend(rs.into_iter().map(|r| Event::restore("recovery", r)))
                     }
-                    Err(e) => early_events.push(Event::Warning {
+                    Err(e) => early_events.push(Event::Warning(Notice {
                         code: "journal".into(),
                         message: format!("{e}; run 'isolator restore' once it is free"),
-                    }),
+                    })),
                 }
             }
             Enforcer::new(hierarchy.clone(), None)
@@ -360,14 +363,14 @@ impl Agent {
             match StreamServer::bind(&opts.socket) {
                 Ok(s) => sink.serve(s),
                 // Another agent (say, a dry run next to the real one) keeps its readers.
-                Err(e @ StreamError::InUse(_)) => early_events.push(Event::Warning {
+                Err(e @ StreamError::InUse(_)) => early_events.push(Event::Warning(Notice {
                     code: "socket".into(),
                     message: e.to_string(),
-                }),
+                })),
                 Err(e) => return Err(e.into()),
             }
         }
-        sink.emit(&Event::AgentStart {
+        sink.emit(&Event::AgentStart(AgentStart {
             version: env!("CARGO_PKG_VERSION").into(),
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_string())
@@ -379,11 +382,13 @@ impl Agent {
             attach: "btf_tracepoint".into(),
             interval_s: opts.interval.as_secs_f64(),
             policy: control.as_ref().map(|c| c.policy_name().to_string()),
+            ute_threshold: (control.is_some() && opts.policy == "ute")
+                .then_some(opts.ute_threshold),
             config: opts.config.as_ref().map(|p| p.display().to_string()),
             dry_run: opts.dry_run,
             stats_map,
             kernel_features: probe.features,
-        });
+        }));
         for e in &early_events {
             sink.emit(e);
         }
@@ -435,23 +440,23 @@ impl Agent {
                     containers,
                 } => {
                     link.down_said = false;
-                    self.sink.emit(&Event::DockerConnected {
+                    self.sink.emit(&Event::DockerConnected(DockerConnected {
                         socket: link.socket.display().to_string(),
                         api_version: api_version.clone(),
                         containers: containers.len(),
-                    });
+                    }));
                 }
                 // Said once per outage; the watcher keeps retrying with backoff.
                 DockerUpdate::Down { error, retry_in } if !link.down_said => {
                     link.down_said = true;
-                    self.sink.emit(&Event::Warning {
+                    self.sink.emit(&Event::Warning(Notice {
                         code: "docker_down".into(),
                         message: format!(
                             "Docker is not reachable ({error}); containers are named by id until it is back (next try in {}s, then backing off to every {}s)",
                             retry_in.as_secs(),
                             docker::BACKOFF_MAX.as_secs()
                         ),
-                    });
+                    }));
                 }
                 _ => {}
             }
@@ -517,7 +522,7 @@ impl Agent {
         }
         for (key, count) in &snap.inflight_resets {
             let cgroup = self.registry.cgroup(key.cgroup_id);
-            self.sink.emit(&Event::Warning {
+            self.sink.emit(&Event::Warning(Notice {
                 code: "inflight_reset".into(),
                 message: format!(
                     "{count} request(s) counted in flight for cgroup {} ({}) on {}:{} taken for completed unseen: no issue or completion for 30 s (the disk's own statistics could not tell sooner)",
@@ -526,7 +531,7 @@ impl Agent {
                     dev_major(key.dev),
                     dev_minor(key.dev)
                 ),
-            });
+            }));
         }
         for key in &snap.evicted {
             self.metrics.forget_key(key);
@@ -552,10 +557,10 @@ impl Agent {
                 self.collector.forget_cgroup(id);
                 self.metrics.forget_cgroup(id);
                 self.registry.forget(id);
-                self.sink.emit(&Event::CgroupGone {
+                self.sink.emit(&Event::CgroupGone(CgroupGone {
                     cycle: snap.cycle,
                     cgroup,
-                });
+                }));
             }
         }
 
@@ -573,6 +578,9 @@ impl Agent {
                 &registry.containers,
                 &|dev| busy.get(&dev).copied().unwrap_or(0.0),
             );
+            if let Some(input) = c.policy_input(snap.cycle, &cycles) {
+                self.sink.emit(&input);
+            }
             let disks = &mut self.disks;
             let events = c.step(&cycles, &mut |dev| disks.name(dev));
             for e in events {
@@ -589,7 +597,7 @@ impl Agent {
             })
             .collect();
         let programs = self.probe.program_stats();
-        self.sink.emit(&Event::CycleEnd {
+        self.sink.emit(&Event::CycleEnd(CycleEnd {
             cycle: snap.cycle,
             interval_s,
             cgroups: n,
@@ -608,7 +616,7 @@ impl Agent {
             events_dropped: self.sink.dropped(),
             disks,
             programs,
-        });
+        }));
         self.sink.flush();
         Ok(())
     }
@@ -655,7 +663,7 @@ impl Agent {
                         .map(|s| s.ios)
                         .sum()
                 });
-                Event::CgroupStats {
+                Event::CgroupStats(CgroupStats {
                     cycle: snap.cycle,
                     interval_s,
                     cgroup: self.registry.cgroup(id),
@@ -667,7 +675,7 @@ impl Agent {
                         iops: ios as f64 / interval_s,
                     },
                     devices,
-                }
+                })
             })
             .collect()
     }
@@ -684,10 +692,10 @@ impl Agent {
         for e in &restores {
             self.sink.emit(e);
         }
-        self.sink.emit(&Event::AgentStop {
+        self.sink.emit(&Event::AgentStop(AgentStop {
             reason: reason.into(),
             cycles,
-        });
+        }));
         if !self.sink.drain(OUTPUT_DRAIN_TIMEOUT) {
             tracing::warn!(
                 "the event output did not take the last events within {}s; stopping anyway",
@@ -695,15 +703,8 @@ impl Agent {
             );
             // What was put back must be said somewhere.
             for e in &restores {
-                if let Event::Restore {
-                    file,
-                    knob,
-                    value,
-                    result,
-                    ..
-                } = e
-                {
-                    tracing::warn!(%file, %knob, %value, %result, "restore");
+                if let Event::Restore(r) = e {
+                    tracing::warn!(file = %r.file, knob = %r.knob, value = %r.value, result = %r.result, "restore");
                 }
             }
         }
@@ -725,16 +726,16 @@ fn report_attach(
     without: &str,
 ) -> bool {
     match result {
-        Ok(true) => sink.emit(&Event::Warning {
+        Ok(true) => sink.emit(&Event::Warning(Notice {
             code: format!("{what}_attached"),
             message: attached.into(),
-        }),
+        })),
         Ok(false) => {}
         Err(e) => {
-            sink.emit(&Event::Warning {
+            sink.emit(&Event::Warning(Notice {
                 code: format!("{what}_attach_failed"),
                 message: format!("{e:#}; {without}"),
-            });
+            }));
             return true;
         }
     }
@@ -799,7 +800,7 @@ impl Agent {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::warn!(error = %format!("{e:#}"), "cycle failed");
-                            self.sink.emit(&Event::Error { code: "cycle".into(), message: format!("{e:#}") });
+                            self.sink.emit(&Event::Error(Notice { code: "cycle".into(), message: format!("{e:#}") }));
                         }
                         Err(panic) => {
                             let what = panic
@@ -807,10 +808,10 @@ impl Agent {
                                 .map(|s| s.to_string())
                                 .or_else(|| panic.downcast_ref::<String>().cloned())
                                 .unwrap_or_else(|| "unknown".into());
-                            self.sink.emit(&Event::Error {
+                            self.sink.emit(&Event::Error(Notice {
                                 code: "panic".into(),
                                 message: format!("the agent panicked in cycle {} ({what}); every limit it wrote is put back and it stops", cycles + 1),
-                            });
+                            }));
                             self.stop("panic", cycles);
                             if let Some(socket) = self.sink.take_socket() {
                                 socket.shutdown().await;
@@ -822,10 +823,10 @@ impl Agent {
                 }
                 _ = next_signal(&mut reopen) => {
                     self.sink.reopen();
-                    self.sink.emit(&Event::Warning {
+                    self.sink.emit(&Event::Warning(Notice {
                         code: "reopened".into(),
                         message: "SIGHUP: the event file is reopened; the agent goes on (SIGTERM stops it)".into(),
-                    });
+                    }));
                 }
                 reason = &mut stop => break reason,
             }

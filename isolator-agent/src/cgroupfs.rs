@@ -7,14 +7,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CgroupMode {
     /// blkio on a cgroup v1 hierarchy (legacy or hybrid hosts).
     V1,
     /// io on the cgroup v2 unified hierarchy.
+    #[default]
     V2,
 }
 

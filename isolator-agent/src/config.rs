@@ -17,14 +17,17 @@ use crate::{
     policy::MIN_CAP_BPS,
 };
 
-/// A service's promise.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A service's promise. In events: `{"class": "latency", "p999_ns": N}`,
+/// `{"class": "throughput", "rate_bps": N}` or `{"class": "best-effort"}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "kebab-case")]
 pub enum SloClass {
     /// p99.9 device latency at or below the target.
     Latency { p999_ns: u64 },
     /// Throughput (read + write) at or above the target.
     Throughput { rate_bps: u64 },
     /// No promise; first to be throttled.
+    #[default]
     BestEffort,
 }
 
@@ -36,10 +39,24 @@ impl SloClass {
             SloClass::BestEffort => "best-effort",
         }
     }
+
+    /// `latency p99.9 <= 20.000ms`, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            SloClass::Latency { p999_ns } => {
+                format!("latency p99.9 <= {:.3}ms", *p999_ns as f64 / 1e6)
+            }
+            SloClass::Throughput { rate_bps } => {
+                format!("throughput rate >= {:.1}MB/s", *rate_bps as f64 / 1e6)
+            }
+            SloClass::BestEffort => "best-effort".into(),
+        }
+    }
 }
 
 /// A rate limit: bytes or I/Os per second.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Rate {
     BytesPerSec(u64),
     IosPerSec(u64),

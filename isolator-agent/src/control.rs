@@ -7,12 +7,11 @@ use std::{
 };
 
 use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE};
-use serde::Serialize;
 
 use crate::{
     cgroupfs::IoHierarchy,
     collector::Snapshot,
-    config::{Config, Matcher, Owner, ServiceSpec, SloClass},
+    config::{Config, Matcher, Owner, ServiceSpec},
     docker::ContainerTable,
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
@@ -22,43 +21,6 @@ use crate::{
     naming::ServiceKind,
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId, ServiceLoad},
 };
-
-/// The SLO a service event carries.
-#[derive(Debug, Clone, Serialize)]
-pub struct SloRef {
-    pub class: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p999_ns: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rate_bps: Option<u64>,
-}
-
-impl SloRef {
-    /// `latency p99.9 <= 20ms`, for messages.
-    pub fn describe(&self) -> String {
-        match (self.p999_ns, self.rate_bps) {
-            (Some(ns), _) => format!("{} p99.9 <= {:.3}ms", self.class, ns as f64 / 1e6),
-            (_, Some(bps)) => format!("{} rate >= {:.1}MB/s", self.class, bps as f64 / 1e6),
-            _ => self.class.to_string(),
-        }
-    }
-}
-
-impl From<SloClass> for SloRef {
-    fn from(c: SloClass) -> Self {
-        SloRef {
-            class: c.name(),
-            p999_ns: match c {
-                SloClass::Latency { p999_ns } => Some(p999_ns),
-                _ => None,
-            },
-            rate_bps: match c {
-                SloClass::Throughput { rate_bps } => Some(rate_bps),
-                _ => None,
-            },
-        }
-    }
-}
 
 /// A cgroup directory a service's limits go on, with its inode: a container that restarts
 /// gets a new cgroup at the same path, which carries none of the old limits.
@@ -90,7 +52,7 @@ fn label_event(
         container: container.into(),
         container_id: container_id.into(),
         service: service.map(|s| s.name.clone()),
-        slo: service.map(|s| s.class.into()),
+        slo: service.map(|s| s.class),
         label,
         message,
     })
@@ -121,6 +83,8 @@ pub struct Controller {
     state: HashMap<(ServiceId, u32), DevState>,
     /// Errors already reported, so a persistent one is said once.
     reported: HashSet<String>,
+    /// Services the policy forgot since the last policy input was recorded.
+    forgotten: Vec<ServiceId>,
 }
 
 impl Controller {
@@ -137,6 +101,7 @@ impl Controller {
             },
             state: HashMap::new(),
             reported: HashSet::new(),
+            forgotten: Vec::new(),
         }
     }
 
@@ -234,6 +199,7 @@ impl Controller {
         for sid in restart {
             self.state.retain(|&(s, _), _| s != sid);
             self.policy.forget_service(sid);
+            self.forgotten.push(sid);
         }
         let added: Vec<ServiceId> = new_targets
             .keys()
@@ -296,7 +262,7 @@ impl Controller {
                     let message = format!(
                         "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
                         c.name,
-                        SloRef::from(labels.class).describe(),
+                        labels.class.describe(),
                         claimed.name,
                         claimed.line
                     );
@@ -365,7 +331,7 @@ impl Controller {
             let message = format!(
                 "container '{}' governed by its labels: {}",
                 spec.name,
-                SloRef::from(spec.class).describe()
+                spec.class.describe()
             );
             events.push(label_event(
                 "applied",
@@ -413,7 +379,7 @@ impl Controller {
         let mut out = vec![];
         for t in targets {
             out.push(match self.enforcer.apply(&t.path, Setting::Weight(w)) {
-                Ok(c) => Event::Decision {
+                Ok(c) => Event::Decision(crate::events::Decision {
                     cycle,
                     policy: "config".into(),
                     service: name.clone(),
@@ -424,12 +390,13 @@ impl Controller {
                     new: c.new,
                     applied: !self.enforcer.dry_run,
                     reason: "configured weight".into(),
+                    decided: None,
                     cause: None,
-                },
-                Err(e) => Event::Error {
+                }),
+                Err(e) => Event::Error(crate::events::Notice {
                     code: "write_rejected".into(),
                     message: format!("weight of service '{name}' on {}: {e}", t.path),
-                },
+                }),
             });
         }
         out
@@ -559,6 +526,19 @@ impl Controller {
             .collect()
     }
 
+    /// The policy's whole input this cycle, for the record (`policy_input`): what it
+    /// forgot since the last record, and the device cycles.
+    pub fn policy_input(&mut self, cycle: u64, devices: &[DeviceCycle]) -> Option<Event> {
+        if devices.is_empty() && self.forgotten.is_empty() {
+            return None;
+        }
+        Some(Event::PolicyInput(crate::events::PolicyInput {
+            cycle,
+            forgotten_services: std::mem::take(&mut self.forgotten),
+            devices: devices.to_vec(),
+        }))
+    }
+
     /// Runs the policy on each device and enforces its decisions; returns the events.
     pub fn step(
         &mut self,
@@ -579,7 +559,7 @@ impl Controller {
                         service: s.name.clone(),
                         dev: dev.clone(),
                         p999_ns: s.judged_p999(),
-                        slo: s.class.into(),
+                        slo: s.class,
                         vio: s.vio(),
                         rate_bps: s.bps(),
                     };
@@ -617,10 +597,10 @@ impl Controller {
         } else {
             "ok"
         };
-        Event::ServiceStats {
+        Event::ServiceStats(crate::events::ServiceStats {
             cycle: d.cycle,
             service: s.name.clone(),
-            slo: s.class.into(),
+            slo: s.class,
             dev: dev.to_string(),
             disk,
             state: state.into(),
@@ -640,7 +620,7 @@ impl Controller {
             share: d.share(s.id),
             utilization: d.utilization,
             limit: s.limit,
-        }
+        })
     }
 
     fn enforce(&mut self, d: &DeviceCycle, dev: &str, dec: crate::policy::Decision) -> Vec<Event> {
@@ -659,12 +639,12 @@ impl Controller {
         if targets.is_empty() {
             let key = format!("notargets:{name}");
             if self.reported.insert(key) {
-                return vec![Event::Error {
+                return vec![Event::Error(crate::events::Notice {
                     code: "no_cgroup".into(),
                     message: format!(
                         "service '{name}' matches no cgroup any more; nothing to throttle"
                     ),
-                }];
+                })];
             }
             return vec![];
         }
@@ -702,13 +682,13 @@ impl Controller {
                         EnforceError::ChangedByOther { .. } => "changed_by_other",
                         _ => "write_rejected",
                     };
-                    events.push(Event::Error {
+                    events.push(Event::Error(crate::events::Notice {
                         code: code.into(),
                         message: format!(
                             "service '{name}', cgroup {cg}, {dev} {}: {e}",
                             dec.knob.name()
                         ),
-                    });
+                    }));
                 }
             }
         }
@@ -723,7 +703,7 @@ impl Controller {
         let fmt = |v: Option<u64>| v.map_or("max".to_string(), |v| v.to_string());
         events.insert(
             0,
-            Event::Decision {
+            Event::Decision(crate::events::Decision {
                 cycle: d.cycle,
                 policy: self.policy.name().into(),
                 service: name,
@@ -734,8 +714,9 @@ impl Controller {
                 new: new_text.unwrap_or_else(|| fmt(dec.to)),
                 applied: ok && !self.enforcer.dry_run,
                 reason,
+                decided: Some(dec.to.into()),
                 cause: Some(dec.cause),
-            },
+            }),
         );
         events
     }

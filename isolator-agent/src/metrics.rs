@@ -148,7 +148,8 @@ impl HistWindow {
 }
 
 /// Statistics of one (cgroup, disk, op) for one cycle.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct OpStats {
     pub ios: u64,
     pub bytes: u64,
@@ -165,7 +166,8 @@ pub struct OpStats {
     pub untraced_completions: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Inflight {
     /// At the end of the cycle (with `--count-inflight`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -3,18 +3,33 @@
 //! driver, with its QoS class), a systemd unit, or just a cgroup. Docker's API later adds a
 //! container's name and image; this is what is known without asking anyone.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ServiceKind {
     Container,
     Pod,
     Unit,
+    /// A cgroup no runtime or manager owns (and what a reader assumes when the kind is
+    /// missing).
+    #[default]
     Cgroup,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+impl ServiceKind {
+    /// As events spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceKind::Container => "container",
+            ServiceKind::Pod => "pod",
+            ServiceKind::Unit => "unit",
+            ServiceKind::Cgroup => "cgroup",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Runtime {
     Docker,
@@ -24,7 +39,7 @@ pub enum Runtime {
 }
 
 /// Kubernetes QoS class, from the kubelet's cgroup layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QosClass {
     Guaranteed,

@@ -51,7 +51,8 @@ pub struct Probe {
 }
 
 /// What the running kernel offers the programs, where kernels differ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct KernelFeatures {
     /// The request's gendisk is reached through `request.rq_disk` (before 5.15) rather than
     /// `request_queue.disk`.
@@ -160,7 +161,8 @@ const fn htab_element_bytes(key: usize, value: usize) -> u64 {
 
 /// What the per-key statistics maps hold and what they cost. No value is per CPU (the
 /// kernel's allocator caches 1-3 free histogram elements per possible CPU on 6.1+).
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct StatsCapacity {
     /// Keys the counters map holds; a new key beyond is a counted loss (`map_full`).
     pub capacity_keys: u32,
@@ -355,9 +357,10 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Kernel statistics of one attached program (`bpf_prog_info`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ProgramStats {
-    pub name: &'static str,
+    pub name: String,
     /// Runs and total run time; only counted while kernel.bpf_stats_enabled=1.
     pub run_cnt: u64,
     pub run_time_ns: u64,
@@ -470,7 +473,7 @@ impl Probe {
                 let fd = p.fd().ok()?.as_fd().as_raw_fd();
                 let info = prog_info(fd)?;
                 Some(ProgramStats {
-                    name,
+                    name: name.to_string(),
                     run_cnt: u64_at(&info, INFO_RUN_CNT),
                     run_time_ns: u64_at(&info, INFO_RUN_TIME_NS),
                     recursion_misses: u64_at(&info, INFO_RECURSION_MISSES),

@@ -9,7 +9,7 @@ mod slae;
 #[cfg(test)]
 mod sim;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use adaptive::Adaptive;
 pub use pine::{Pine, Priority};
@@ -27,7 +27,7 @@ pub const MIN_CAP_BPS: u64 = 1 << 20;
 pub const MIN_CAP_IOPS: u64 = 10;
 
 /// One io.max / blkio.throttle knob.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Knob {
     Rbps,
@@ -49,7 +49,8 @@ impl Knob {
 }
 
 /// The io.max limits of one service on one device; `None` is "max" (no limit).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IoMaxLimit {
     pub rbps: Option<u64>,
     pub wbps: Option<u64>,
@@ -82,13 +83,28 @@ impl IoMaxLimit {
     pub fn total_bps(&self) -> Option<u64> {
         match (self.rbps, self.wbps) {
             (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            // Saturating: a reader's limits come from a stream, not from this agent.
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        }
+    }
+    /// The tighter of two limits, knob by knob (a service limited on two disks).
+    pub fn tightest(self, o: IoMaxLimit) -> IoMaxLimit {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        IoMaxLimit {
+            rbps: min(self.rbps, o.rbps),
+            wbps: min(self.wbps, o.wbps),
+            riops: min(self.riops, o.riops),
+            wiops: min(self.wiops, o.wiops),
         }
     }
 }
 
-/// One service on one device during one cycle, as the policies see it.
-#[derive(Debug, Clone, PartialEq)]
+/// One service on one device during one cycle, as the policies see it (and as the
+/// `policy_input` event records it, so a run can be replayed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServiceLoad {
     pub id: ServiceId,
     pub name: String,
@@ -205,7 +221,7 @@ impl ServiceLoad {
 }
 
 /// One device's cycle, the input of every policy.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceCycle {
     pub cycle: u64,
     pub dev: u32,
@@ -233,7 +249,8 @@ impl DeviceCycle {
 }
 
 /// The numbers behind a decision.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Cause {
     /// The service whose SLO this decision protects, if any.
     #[serde(skip_serializing_if = "Option::is_none")]

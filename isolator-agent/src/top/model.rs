@@ -1,29 +1,30 @@
 //! What `isolator top` shows, built from the agent's event stream alone (no terminal, no
 //! kernel): rows are committed at each `cycle_end`, so the view never shows half a cycle.
+//! Events are read into the agent's own event types ([`crate::events`]): a field the agent
+//! renames is a compile error here, not a blank column.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use serde::Deserialize;
-use serde_json::Value;
+use crate::{
+    config::SloClass,
+    events::{
+        CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent, ServiceStats,
+        ViolationInfo, SCHEMA_VERSION,
+    },
+    metrics::LatencySummary,
+    policy::IoMaxLimit,
+};
 
-use crate::{config::SloClass, metrics::LatencySummary};
+pub use crate::events::ReadError as StreamError;
 
 /// The event schema this view understands.
-pub const SCHEMA: u64 = 1;
+pub const SCHEMA: u64 = SCHEMA_VERSION as u64;
 /// Points of history kept per row: five minutes at the default 1 s cycle.
 pub const HISTORY: usize = 300;
 /// Actions kept for the action log.
 const ACTIONS: usize = 1000;
 /// Cycles an idle cgroup keeps its row (so bursty I/O does not make rows blink).
 const IDLE_GRACE_CYCLES: u64 = 10;
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum StreamError {
-    #[error("the agent speaks event schema {0}, this isolator top understands schema {SCHEMA}; run the isolator top of the agent's version")]
-    Schema(u64),
-    #[error("not an isolator event: {0}")]
-    NotAnEvent(String),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum State {
@@ -48,66 +49,6 @@ impl State {
             "violating" => State::Violating,
             "throttled" => State::Throttled,
             _ => State::Ok,
-        }
-    }
-}
-
-/// A service event's `slo` object (control::SloRef on the agent's side).
-fn parse_slo(v: &Value) -> Option<SloClass> {
-    match v.get("class")?.as_str()? {
-        "latency" => Some(SloClass::Latency {
-            p999_ns: v.get("p999_ns")?.as_u64()?,
-        }),
-        "throughput" => Some(SloClass::Throughput {
-            rate_bps: v.get("rate_bps")?.as_u64()?,
-        }),
-        _ => Some(SloClass::BestEffort),
-    }
-}
-
-/// The limits the agent has set, bytes/s and IOPS (None: unlimited).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Limits {
-    pub rbps: Option<u64>,
-    pub wbps: Option<u64>,
-    pub riops: Option<u64>,
-    pub wiops: Option<u64>,
-}
-
-impl Limits {
-    fn parse(v: &Value) -> Limits {
-        let k = |n: &str| v.get(n).and_then(Value::as_u64);
-        Limits {
-            rbps: k("rbps"),
-            wbps: k("wbps"),
-            riops: k("riops"),
-            wiops: k("wiops"),
-        }
-    }
-
-    /// The tighter of two limits, knob by knob (a service limited on two disks).
-    fn tightest(self, o: Limits) -> Limits {
-        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Limits {
-            rbps: min(self.rbps, o.rbps),
-            wbps: min(self.wbps, o.wbps),
-            riops: min(self.riops, o.riops),
-            wiops: min(self.wiops, o.wiops),
-        }
-    }
-
-    pub fn is_unlimited(&self) -> bool {
-        *self == Limits::default()
-    }
-
-    /// Bytes per second allowed, read and write together; None when neither is limited.
-    pub fn bps(&self) -> Option<u64> {
-        match (self.rbps, self.wbps) {
-            (None, None) => None,
-            (r, w) => Some(r.unwrap_or(0).saturating_add(w.unwrap_or(0))),
         }
     }
 }
@@ -164,7 +105,7 @@ pub struct Row {
     pub write_mbps: f64,
     pub iops: f64,
     pub inflight: f64,
-    pub limit: Limits,
+    pub limit: IoMaxLimit,
     pub state: State,
     pub vio: Option<f64>,
     /// Services: this cycle's latency in power-of-two buckets (upper bound ns, count).
@@ -192,7 +133,7 @@ impl Row {
             write_mbps: 0.0,
             iops: 0.0,
             inflight: 0.0,
-            limit: Limits::default(),
+            limit: IoMaxLimit::default(),
             state: State::Unconfigured,
             vio: None,
             latency_log2: vec![],
@@ -298,9 +239,10 @@ pub enum Link {
 #[derive(Default, Clone)]
 struct Pending {
     cgroups: Vec<CgroupCycle>,
-    services: Vec<ServiceCycle>,
+    services: Vec<ServiceStats>,
 }
 
+/// What a row shows of one cgroup's cycle, taken from its `cgroup_stats`.
 #[derive(Clone)]
 struct CgroupCycle {
     id: u64,
@@ -314,25 +256,6 @@ struct CgroupCycle {
     ops: Vec<OpLatency>,
     /// dev -> (disk, read MB/s, write MB/s, IOPS)
     by_dev: Vec<(String, Option<String>, f64, f64, f64)>,
-}
-
-#[derive(Clone)]
-struct ServiceCycle {
-    name: String,
-    slo: Option<SloClass>,
-    disk: String,
-    state: State,
-    p50_ns: Option<u64>,
-    p999_ns: Option<u64>,
-    samples: u64,
-    latency_log2: Vec<(u64, u64)>,
-    cgroups: Vec<u64>,
-    read_mbps: f64,
-    write_mbps: f64,
-    iops: f64,
-    inflight: f64,
-    vio: Option<f64>,
-    limit: Limits,
 }
 
 #[derive(Clone)]
@@ -363,30 +286,9 @@ impl Default for Model {
     }
 }
 
-fn u64_at(v: &Value, key: &str) -> Option<u64> {
-    v.get(key).and_then(Value::as_u64)
-}
-
-fn f64_at(v: &Value, key: &str) -> f64 {
-    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
-}
-
-fn str_at(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// One NDJSON line as an event this view understands: JSON, with this schema.
-pub fn parse_event(line: &str) -> Result<Value, StreamError> {
-    let v: Value = serde_json::from_str(line)
-        .map_err(|e| StreamError::NotAnEvent(format!("{e}: {line:.80}")))?;
-    match u64_at(&v, "schema") {
-        Some(SCHEMA) => Ok(v),
-        Some(other) => Err(StreamError::Schema(other)),
-        None => Err(StreamError::NotAnEvent("no schema field".into())),
-    }
+pub fn parse_event(line: &str) -> Result<RecordedEvent, StreamError> {
+    RecordedEvent::parse(line)
 }
 
 /// A limit as written to the cgroup file, in words: `max` (v2) and `0` (v1) are unlimited,
@@ -413,55 +315,50 @@ pub fn latency_words(ns: u64) -> String {
     }
 }
 
+/// A service's state as `service_stats` says it.
+fn state_of(s: &ServiceStats) -> State {
+    State::parse(&s.state)
+}
+
 impl Model {
     /// Takes one NDJSON line from the agent.
     pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
-        let v = parse_event(line)?;
-        self.ingest(&v);
+        let e = parse_event(line)?;
+        self.ingest(&e);
         Ok(())
     }
 
     /// Takes one event of this schema.
-    fn ingest(&mut self, v: &Value) {
-        let ty = v.get("type").and_then(Value::as_str).unwrap_or_default();
-        let time = v
-            .get("ts")
-            .and_then(Value::as_str)
-            .and_then(|t| t.get(11..19))
-            .unwrap_or_default()
-            .to_string();
-        let cycle = u64_at(v, "cycle");
-        let action = |kind: ActionKind, service: Option<String>, text: String| {
-            let cgroups = v
-                .get("cgroups")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|c| c.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
-            Action {
-                time: time.clone(),
-                cycle,
-                kind,
-                service,
-                cgroups,
-                text,
-            }
+    pub fn ingest(&mut self, recorded: &RecordedEvent) {
+        let time = recorded.ts.get(11..19).unwrap_or_default().to_string();
+        let action = |kind: ActionKind,
+                      cycle: Option<u64>,
+                      service: Option<String>,
+                      cgroups: Vec<String>,
+                      text: String| Action {
+            time: time.clone(),
+            cycle,
+            kind,
+            service,
+            cgroups,
+            text,
         };
-        match ty {
-            "agent_start" => {
+        match &recorded.event {
+            Event::AgentStart(start) => {
                 let restarted = self.header.is_some();
                 let h = Header {
-                    host: str_at(v, "host"),
-                    kernel: str_at(v, "kernel"),
-                    version: str_at(v, "version"),
-                    pid: u64_at(v, "pid").unwrap_or(0),
-                    cgroup_mode: str_at(v, "cgroup_mode"),
-                    policy: v.get("policy").and_then(Value::as_str).map(str::to_string),
-                    interval_s: f64_at(v, "interval_s"),
-                    dry_run: v.get("dry_run").and_then(Value::as_bool).unwrap_or(false),
+                    host: start.host.clone(),
+                    kernel: start.kernel.clone(),
+                    version: start.version.clone(),
+                    pid: start.pid.into(),
+                    cgroup_mode: match start.cgroup_mode {
+                        crate::cgroupfs::CgroupMode::V1 => "v1",
+                        crate::cgroupfs::CgroupMode::V2 => "v2",
+                    }
+                    .into(),
+                    policy: start.policy.clone(),
+                    interval_s: start.interval_s,
+                    dry_run: start.dry_run,
                 };
                 let text = format!(
                     "agent {} started (pid {}, {}{})",
@@ -471,7 +368,7 @@ impl Model {
                     if h.dry_run { ", dry run" } else { "" }
                 );
                 if restarted {
-                    self.push_action(action(ActionKind::Info, None, text));
+                    self.push_action(action(ActionKind::Info, None, None, vec![], text));
                     // Cycle numbers start again from 1.
                     for r in self.rows.values_mut() {
                         r.last_active_cycle = 0;
@@ -481,120 +378,103 @@ impl Model {
                 self.pending = Pending::default();
                 self.link = Link::Live;
             }
-            "cgroup_stats" => {
-                let c = parse_cgroup(v);
+            Event::CgroupStats(c) => {
+                let c = cgroup_cycle(c);
                 self.cgroups.insert(c.id, (c.kind.clone(), c.path.clone()));
                 self.pending.cgroups.push(c);
             }
-            "service_stats" => self.pending.services.push(parse_service(v)),
-            "cycle_end" => self.commit(v),
-            "cgroup_gone" => {
-                if let Some(id) = v.pointer("/cgroup/id").and_then(Value::as_u64) {
-                    self.rows.remove(&RowKey::Cgroup(id));
-                    self.cgroups.remove(&id);
-                }
+            Event::ServiceStats(s) => self.pending.services.push(s.clone()),
+            Event::CycleEnd(end) => self.commit(end),
+            Event::CgroupGone(g) => {
+                self.rows.remove(&RowKey::Cgroup(g.cgroup.id));
+                self.cgroups.remove(&g.cgroup.id);
             }
-            "decision" => {
-                let service = str_at(v, "service");
-                let applied = v.get("applied").and_then(Value::as_bool).unwrap_or(false);
-                let dev = v.get("dev").and_then(Value::as_str).unwrap_or("");
-                let knob = str_at(v, "knob");
-                let text = format!(
-                    "{service}: {knob} {} -> {}{}{}: {}",
-                    knob_value(&knob, &str_at(v, "old")),
-                    knob_value(&knob, &str_at(v, "new")),
-                    if dev.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" on {dev}")
-                    },
-                    if applied { "" } else { " (not applied)" },
-                    str_at(v, "reason")
+            Event::Decision(d) => {
+                let text = decision_text(d);
+                let a = action(
+                    ActionKind::Decision,
+                    Some(d.cycle),
+                    Some(d.service.clone()),
+                    d.cgroups.clone(),
+                    text,
                 );
-                self.push_action(action(ActionKind::Decision, Some(service), text));
+                self.push_action(a);
             }
-            "violation_start" | "violation_end" => {
-                let service = str_at(v, "service");
-                let dev = str_at(v, "dev");
-                let slo = v.get("slo").and_then(parse_slo);
-                let p999 = u64_at(v, "p999_ns");
-                let rate = f64_at(v, "rate_bps");
-                let numbers = match slo {
-                    Some(SloClass::Latency { p999_ns }) => format!(
-                        "p99.9 {} vs SLO {}",
-                        p999.map(latency_words).unwrap_or_else(|| "-".into()),
-                        latency_words(p999_ns)
-                    ),
-                    Some(SloClass::Throughput { rate_bps }) => format!(
-                        "{:.1} MB/s vs SLO {:.1} MB/s",
-                        rate / 1e6,
-                        rate_bps as f64 / 1e6
-                    ),
-                    _ => String::new(),
-                };
-                if ty == "violation_start" {
-                    let text = format!("{service} violates its SLO on {dev}: {numbers}");
-                    self.push_action(action(ActionKind::ViolationStart, Some(service), text));
-                } else {
-                    let text = format!("{service} meets its SLO again on {dev}: {numbers}");
-                    self.push_action(action(ActionKind::ViolationEnd, Some(service), text));
-                }
+            Event::ViolationStart(v) => {
+                let text = format!(
+                    "{} violates its SLO on {}: {}",
+                    v.service,
+                    v.dev,
+                    violation_numbers(v)
+                );
+                let a = action(
+                    ActionKind::ViolationStart,
+                    Some(v.cycle),
+                    Some(v.service.clone()),
+                    vec![],
+                    text,
+                );
+                self.push_action(a);
             }
-            "restore" => {
+            Event::ViolationEnd(v) => {
+                let text = format!(
+                    "{} meets its SLO again on {}: {}",
+                    v.service,
+                    v.dev,
+                    violation_numbers(v)
+                );
+                let a = action(
+                    ActionKind::ViolationEnd,
+                    Some(v.cycle),
+                    Some(v.service.clone()),
+                    vec![],
+                    text,
+                );
+                self.push_action(a);
+            }
+            Event::Restore(r) => {
                 let text = format!(
                     "restored {} {} = {} ({}, {})",
-                    str_at(v, "file"),
-                    str_at(v, "knob"),
-                    str_at(v, "value"),
-                    str_at(v, "result"),
-                    str_at(v, "reason")
+                    r.file, r.knob, r.value, r.result, r.reason
                 );
-                self.push_action(action(ActionKind::Restore, None, text));
+                self.push_action(action(ActionKind::Restore, None, None, vec![], text));
             }
-            "warning" | "error" => {
-                let kind = if ty == "warning" {
-                    ActionKind::Warning
-                } else {
-                    ActionKind::Error
-                };
-                let text = format!("{} {}: {}", ty, str_at(v, "code"), str_at(v, "message"));
-                self.push_action(action(kind, None, text));
+            Event::Warning(n) => {
+                let text = format!("warning {}: {}", n.code, n.message);
+                self.push_action(action(ActionKind::Warning, None, None, vec![], text));
             }
-            "label_slo" => {
-                let service = v.get("service").and_then(Value::as_str).map(str::to_string);
-                if str_at(v, "outcome") == "released" {
-                    if let Some(s) = &service {
+            Event::Error(n) => {
+                let text = format!("error {}: {}", n.code, n.message);
+                self.push_action(action(ActionKind::Error, None, None, vec![], text));
+            }
+            Event::LabelSlo(l) => {
+                if l.outcome == "released" {
+                    if let Some(s) = &l.service {
                         self.rows.remove(&RowKey::Service(s.clone()));
                     }
                 }
-                let text = format!(
-                    "container {}: label SLO {}: {}",
-                    str_at(v, "container"),
-                    str_at(v, "outcome"),
-                    str_at(v, "message")
-                );
-                self.push_action(action(ActionKind::Info, service, text));
+                let text = label_text(l);
+                let a = action(ActionKind::Info, None, l.service.clone(), vec![], text);
+                self.push_action(a);
             }
-            "docker_connected" => {
+            Event::DockerConnected(d) => {
                 let text = format!(
                     "Docker answers on {} (API {}, {} containers)",
-                    str_at(v, "socket"),
-                    str_at(v, "api_version"),
-                    u64_at(v, "containers").unwrap_or(0)
+                    d.socket, d.api_version, d.containers
                 );
-                self.push_action(action(ActionKind::Info, None, text));
+                self.push_action(action(ActionKind::Info, None, None, vec![], text));
             }
-            "agent_stop" => {
-                let reason = str_at(v, "reason");
+            Event::AgentStop(stop) => {
                 let text = format!(
-                    "agent stopped ({reason}) after {} cycles",
-                    u64_at(v, "cycles").unwrap_or(0)
+                    "agent stopped ({}) after {} cycles",
+                    stop.reason, stop.cycles
                 );
-                self.push_action(action(ActionKind::Info, None, text));
-                self.link = Link::Stopped(reason);
+                self.push_action(action(ActionKind::Info, None, None, vec![], text));
+                self.link = Link::Stopped(stop.reason.clone());
             }
-            // Unknown types are a newer agent's additions within the schema: ignored.
-            _ => {}
+            // The policy's input is for replay, not for the view; unknown types are a
+            // newer agent's additions within the schema.
+            Event::PolicyInput(_) | Event::Unknown => {}
         }
     }
 
@@ -613,26 +493,25 @@ impl Model {
         self.pending = Pending::default();
     }
 
-    fn commit(&mut self, end: &Value) {
-        let cycle = u64_at(end, "cycle").unwrap_or(self.cycle.saturating_add(1));
+    fn commit(&mut self, end: &CycleEnd) {
+        // Cycles count from 1: a cycle_end without a number follows the last one.
+        let cycle = if end.cycle == 0 {
+            self.cycle.saturating_add(1)
+        } else {
+            end.cycle
+        };
         self.cycle = cycle;
         let pending = std::mem::take(&mut self.pending);
 
         // Disks: utilization from cycle_end, traffic summed over the cgroups.
         let mut disks: BTreeMap<String, Disk> = BTreeMap::new();
-        for d in end
-            .get("disks")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let dev = str_at(d, "dev");
+        for d in &end.disks {
             disks.insert(
-                dev.clone(),
+                d.dev.clone(),
                 Disk {
-                    dev,
-                    name: d.get("disk").and_then(Value::as_str).map(str::to_string),
-                    utilization: f64_at(d, "utilization"),
+                    dev: d.dev.clone(),
+                    name: d.disk.clone(),
+                    utilization: d.utilization,
                     ..Disk::default()
                 },
             );
@@ -653,10 +532,10 @@ impl Model {
 
         let mut touched: BTreeSet<RowKey> = BTreeSet::new();
         let mut claimed: BTreeSet<u64> = BTreeSet::new();
-        let mut by_service: BTreeMap<String, Vec<ServiceCycle>> = BTreeMap::new();
+        let mut by_service: BTreeMap<String, Vec<ServiceStats>> = BTreeMap::new();
         for s in pending.services {
             claimed.extend(&s.cgroups);
-            by_service.entry(s.name.clone()).or_default().push(s);
+            by_service.entry(s.service.clone()).or_default().push(s);
         }
         for (name, parts) in by_service {
             let key = RowKey::Service(name.clone());
@@ -712,7 +591,7 @@ impl Model {
             row.history.push(Point {
                 p999_ns: row.p999_ns,
                 mbps: row.mbps(),
-                limit_bps: row.limit.bps(),
+                limit_bps: row.limit.total_bps(),
             });
         }
         // Idle unconfigured cgroups leave after a grace; services stay once seen.
@@ -757,100 +636,95 @@ impl Model {
     }
 }
 
-fn parse_cgroup(v: &Value) -> CgroupCycle {
-    let cg = v.get("cgroup").cloned().unwrap_or_default();
-    let totals = v.get("totals").cloned().unwrap_or_default();
+/// A decision in words: `backup: wbps unlimited -> 115.6 MB/s on 254:0: <reason>`.
+fn decision_text(d: &Decision) -> String {
+    format!(
+        "{}: {} {} -> {}{}{}: {}",
+        d.service,
+        d.knob,
+        knob_value(&d.knob, &d.old),
+        knob_value(&d.knob, &d.new),
+        d.dev
+            .as_deref()
+            .filter(|dev| !dev.is_empty())
+            .map(|dev| format!(" on {dev}"))
+            .unwrap_or_default(),
+        if d.applied { "" } else { " (not applied)" },
+        d.reason
+    )
+}
+
+/// A violation's numbers against its SLO.
+fn violation_numbers(v: &ViolationInfo) -> String {
+    match v.slo {
+        SloClass::Latency { p999_ns } => format!(
+            "p99.9 {} vs SLO {}",
+            v.p999_ns.map(latency_words).unwrap_or_else(|| "-".into()),
+            latency_words(p999_ns)
+        ),
+        SloClass::Throughput { rate_bps } => format!(
+            "{:.1} MB/s vs SLO {:.1} MB/s",
+            v.rate_bps / 1e6,
+            rate_bps as f64 / 1e6
+        ),
+        SloClass::BestEffort => String::new(),
+    }
+}
+
+fn label_text(l: &LabelSloInfo) -> String {
+    format!(
+        "container {}: label SLO {}: {}",
+        l.container, l.outcome, l.message
+    )
+}
+
+fn cgroup_cycle(v: &CgroupStats) -> CgroupCycle {
     let mut ops = vec![];
     let mut inflight = 0.0;
     let mut by_dev = vec![];
-    for d in v
-        .get("devices")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let dev = str_at(d, "dev");
-        let disk = d.get("disk").and_then(Value::as_str).map(str::to_string);
+    for d in &v.devices {
         let (mut r, mut w, mut iops) = (0.0, 0.0, 0.0);
-        for op in ["read", "write", "other"] {
-            let Some(o) = d.get(op) else { continue };
+        for (op, o) in [("read", &d.read), ("write", &d.write), ("other", &d.other)] {
+            let Some(o) = o else { continue };
             match op {
-                "read" => r += f64_at(o, "mbps"),
-                "write" => w += f64_at(o, "mbps"),
+                "read" => r += o.mbps,
+                "write" => w += o.mbps,
                 _ => {}
             }
-            iops += f64_at(o, "iops");
-            inflight += o
-                .pointer("/inflight/mean")
-                .and_then(Value::as_f64)
-                .unwrap_or(0.0);
+            iops += o.iops;
+            inflight += o.inflight.mean;
             // What the submitter waits (total); device latency where no start time exists.
-            let lat = match o.get("total") {
-                Some(t) if u64_at(t, "samples").unwrap_or(0) > 0 => t,
-                _ => o.get("latency").unwrap_or(&Value::Null),
+            let lat = if o.total.samples > 0 {
+                &o.total
+            } else {
+                &o.latency
             };
             ops.push(OpLatency {
-                disk: disk.clone().unwrap_or_else(|| dev.clone()),
+                disk: d.disk.clone().unwrap_or_else(|| d.dev.clone()),
                 op: op.into(),
-                latency: LatencySummary::deserialize(lat).unwrap_or_default(),
+                latency: lat.clone(),
             });
         }
-        by_dev.push((dev, disk, r, w, iops));
+        by_dev.push((d.dev.clone(), d.disk.clone(), r, w, iops));
     }
     CgroupCycle {
-        id: u64_at(&cg, "id").unwrap_or(0),
-        name: str_at(&cg, "name"),
-        kind: str_at(&cg, "kind"),
-        path: cg.get("path").and_then(Value::as_str).map(str::to_string),
-        read_mbps: f64_at(&totals, "read_mbps"),
-        write_mbps: f64_at(&totals, "write_mbps"),
-        iops: f64_at(&totals, "iops"),
+        id: v.cgroup.id,
+        name: v.cgroup.name.clone(),
+        kind: v.cgroup.kind.as_str().into(),
+        path: v.cgroup.path.clone(),
+        read_mbps: v.totals.read_mbps,
+        write_mbps: v.totals.write_mbps,
+        iops: v.totals.iops,
         inflight,
         ops,
         by_dev,
     }
 }
 
-fn parse_service(v: &Value) -> ServiceCycle {
-    ServiceCycle {
-        name: str_at(v, "service"),
-        slo: v.get("slo").and_then(parse_slo),
-        disk: v
-            .get("disk")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| str_at(v, "dev")),
-        state: State::parse(v.get("state").and_then(Value::as_str).unwrap_or("ok")),
-        p50_ns: u64_at(v, "p50_ns"),
-        p999_ns: u64_at(v, "p999_ns"),
-        samples: u64_at(v, "samples").unwrap_or(0),
-        latency_log2: v
-            .get("latency_log2")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p.get(0)?.as_u64()?, p.get(1)?.as_u64()?)))
-            .collect(),
-        cgroups: v
-            .get("cgroups")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_u64)
-            .collect(),
-        read_mbps: f64_at(v, "read_mbps"),
-        write_mbps: f64_at(v, "write_mbps"),
-        iops: f64_at(v, "iops"),
-        inflight: f64_at(v, "mean_inflight"),
-        vio: v.get("vio").and_then(Value::as_f64),
-        limit: v.get("limit").map(Limits::parse).unwrap_or_default(),
-    }
-}
-
 /// A service over its disks: the worst state and p99.9, summed traffic, the tightest limit.
-fn aggregate_service(row: &mut Row, parts: &[ServiceCycle]) {
-    row.slo = parts.iter().find_map(|p| p.slo);
-    row.state = parts.iter().map(|p| p.state).max().unwrap_or(State::Ok);
+fn aggregate_service(row: &mut Row, parts: &[ServiceStats]) {
+    row.slo = parts.first().map(|p| p.slo);
+    row.state = parts.iter().map(state_of).max().unwrap_or(State::Ok);
     let worst = parts
         .iter()
         .filter(|p| p.p999_ns.is_some())
@@ -863,12 +737,12 @@ fn aggregate_service(row: &mut Row, parts: &[ServiceCycle]) {
     row.read_mbps = parts.iter().map(|p| p.read_mbps).sum();
     row.write_mbps = parts.iter().map(|p| p.write_mbps).sum();
     row.iops = parts.iter().map(|p| p.iops).sum();
-    row.inflight = parts.iter().map(|p| p.inflight).sum();
+    row.inflight = parts.iter().map(|p| p.mean_inflight).sum();
     row.vio = parts.iter().filter_map(|p| p.vio).reduce(f64::max);
     row.limit = parts
         .iter()
         .map(|p| p.limit)
-        .fold(Limits::default(), Limits::tightest);
+        .fold(IoMaxLimit::default(), IoMaxLimit::tightest);
     let mut log2: BTreeMap<u64, u64> = BTreeMap::new();
     for p in parts {
         for &(upper, n) in &p.latency_log2 {
@@ -878,7 +752,10 @@ fn aggregate_service(row: &mut Row, parts: &[ServiceCycle]) {
         }
     }
     row.latency_log2 = log2.into_iter().collect();
-    row.disks = parts.iter().map(|p| p.disk.clone()).collect();
+    row.disks = parts
+        .iter()
+        .map(|p| p.disk.clone().unwrap_or_else(|| p.dev.clone()))
+        .collect();
 }
 
 fn fill_cgroup(row: &mut Row, c: CgroupCycle) {
@@ -1003,7 +880,7 @@ impl Column {
             Column::Inflight => desc(a.inflight, b.inflight),
             // Tightest limit first; unlimited last.
             Column::Limit => {
-                let l = |r: &Row| r.limit.bps().unwrap_or(u64::MAX);
+                let l = |r: &Row| r.limit.total_bps().unwrap_or(u64::MAX);
                 l(a).cmp(&l(b))
             }
             Column::State => b.state.cmp(&a.state),
@@ -1017,6 +894,8 @@ impl Column {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     /// A real agent's stream (`isolator run --config`, 1 s cycles): `db` (latency, p99.9 <=
@@ -1264,11 +1143,23 @@ pub(crate) mod tests {
         // Unknown event types of the same schema are ignored.
         m.ingest_line(r#"{"schema":1,"type":"from_the_future","x":1}"#)
             .unwrap();
-        // Fields of the wrong type are absent values, not panics.
-        m.ingest_line(r#"{"schema":1,"type":"service_stats","service":3,"samples":"x","latency_log2":[[1],"a"]}"#)
-            .unwrap();
-        m.ingest_line(r#"{"schema":1,"type":"cycle_end","cycle":"one"}"#)
-            .unwrap();
+        // Fields of the wrong type make the line unreadable (typed events: the error names
+        // the field), never a panic, and the model is as it was.
+        let e = m
+            .ingest_line(r#"{"schema":1,"type":"service_stats","service":3,"samples":"x","latency_log2":[[1],"a"]}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e, StreamError::NotAnEvent(why) if why.contains("invalid type")),
+            "{e}"
+        );
+        assert!(matches!(
+            m.ingest_line(r#"{"schema":1,"type":"cycle_end","cycle":"one"}"#),
+            Err(StreamError::NotAnEvent(_))
+        ));
+        assert_eq!((m.cycle, m.rows().count()), (0, 0));
+        // Missing fields take their defaults (an older agent's stream).
+        m.ingest_line(r#"{"schema":1,"type":"cycle_end"}"#).unwrap();
+        assert_eq!(m.cycle, 1);
         m.lost("gone".into());
         assert_eq!(m.link, Link::Lost("gone".into()));
     }
@@ -1293,7 +1184,7 @@ pub(crate) mod tests {
         let s = m.row(&RowKey::Service("s".into())).unwrap();
         assert_eq!(s.samples, max);
         assert_eq!(s.latency_log2, [(1024, max)]);
-        assert_eq!(s.limit.bps(), Some(max));
+        assert_eq!(s.limit.total_bps(), Some(max));
         // The next cycle_end without a number follows u64::MAX.
         m.ingest_line(&line(serde_json::json!({"type": "cycle_end"})))
             .unwrap();

@@ -15,7 +15,7 @@ use crate::config::SloClass;
 
 use super::{
     app::{App, Pane},
-    model::{latency_words, Action, ActionKind, Column, Limits, Link, Row, RowKey, State},
+    model::{latency_words, Action, ActionKind, Column, Link, Row, RowKey, State},
 };
 
 /// Smallest terminal the view draws into; below it says so instead.
@@ -229,7 +229,7 @@ fn bytes_rate(bps: u64) -> String {
     }
 }
 
-fn limit_text(l: &Limits) -> String {
+fn limit_text(l: &crate::policy::IoMaxLimit) -> String {
     let mut parts = vec![];
     if let Some(v) = l.rbps {
         parts.push(format!("r{}", bytes_rate(v)));

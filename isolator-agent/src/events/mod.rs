@@ -1,0 +1,467 @@
+//! The event stream's model: every event the agent writes, as one set of types that the
+//! agent serializes and every reader (`isolator top`, `isolator replay`, the benchmarks)
+//! deserializes. One JSON object per line (NDJSON); the schema is documented in
+//! docs/events.md. A renamed or retyped field is a compile error in every reader; bump
+//! [`SCHEMA_VERSION`] on any change an older reader could not take.
+//!
+//! Readers are lenient where it is safe: a missing field takes its default (an older
+//! agent's stream lacks later additions) and an unknown event type is
+//! [`Event::Unknown`] (a newer agent's addition within the schema). A field of the wrong
+//! type makes the line unreadable, with an error naming it.
+
+mod sink;
+
+use serde::{Deserialize, Serialize};
+
+pub use sink::NdjsonSink;
+
+use crate::{
+    cgroupfs::CgroupMode,
+    config::SloClass,
+    docker::ContainerTable,
+    metrics::OpStats,
+    naming::{self, QosClass, Runtime, ServiceKind},
+    policy::{Cause, DeviceCycle, IoMaxLimit, ServiceId},
+    probe::{KernelFeatures, ProgramStats, StatsCapacity},
+    stream::ReplayRole,
+};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A cgroup as the events name it: by id and path, and by what owns it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CgroupRef {
+    /// kernfs id (inode of the cgroup directory); 0 = unattributed.
+    pub id: u64,
+    /// Path relative to the io/blkio hierarchy root; null when unknown.
+    pub path: Option<String>,
+    pub kind: ServiceKind,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The container's image, when Docker knows the container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_qos: Option<QosClass>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+}
+
+impl CgroupRef {
+    /// Names a cgroup from its path (see [`crate::naming`]) and, for a Docker container,
+    /// by the name Docker gives it.
+    pub fn new(id: u64, path: Option<String>, containers: &ContainerTable) -> CgroupRef {
+        let named = path.as_deref().map(naming::name_path);
+        let kind = named.as_ref().map_or(ServiceKind::Cgroup, |n| n.kind);
+        let id_of = |k: ServiceKind| named.as_ref().filter(|n| n.kind == k)?.id.clone();
+        let container_id = id_of(ServiceKind::Container);
+        let docker = container_id.as_deref().and_then(|c| containers.get(c));
+        let name = match (&named, id, docker) {
+            (_, _, Some(c)) => c.name.clone(),
+            (Some(n), _, None) => n.name.clone(),
+            (None, 0, None) => "unattributed".into(),
+            (None, _, None) => format!("cgroup {id}"),
+        };
+        CgroupRef {
+            id,
+            image: docker.map(|c| c.image.clone()),
+            container_id,
+            unit: id_of(ServiceKind::Unit),
+            runtime: named.as_ref().and_then(|n| n.runtime),
+            pod_uid: named
+                .as_ref()
+                .and_then(|n| Some(n.pod.as_ref()?.uid.clone())),
+            pod_qos: named.as_ref().and_then(|n| Some(n.pod.as_ref()?.qos)),
+            path,
+            kind,
+            name,
+        }
+    }
+}
+
+/// One disk of a cgroup's cycle: its operations' statistics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceStats {
+    /// "major:minor" of the whole disk.
+    pub dev: String,
+    /// Kernel name of the disk (e.g. "vda"), when known.
+    pub disk: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<OpStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write: Option<OpStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other: Option<OpStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Totals {
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    pub iops: f64,
+}
+
+/// `violation_start` and `violation_end`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ViolationInfo {
+    pub cycle: u64,
+    pub service: String,
+    pub dev: String,
+    pub p999_ns: Option<u64>,
+    pub slo: SloClass,
+    pub vio: Option<f64>,
+    pub rate_bps: f64,
+}
+
+/// What became of the SLO a container declares in its `isolator.*` labels.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LabelSloInfo {
+    /// `applied`, `overridden` (the config claims the container), `invalid` (a malformed
+    /// label; the container is unconfigured) or `released` (container stopped or labels
+    /// changed).
+    pub outcome: String,
+    pub container: String,
+    pub container_id: String,
+    /// The service that governs the container now (or did, for `released`).
+    pub service: Option<String>,
+    pub slo: Option<SloClass>,
+    /// `key=value` of the malformed label (`invalid` only).
+    pub label: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentStart {
+    pub version: String,
+    pub host: String,
+    pub pid: u32,
+    pub kernel: String,
+    pub cgroup_mode: CgroupMode,
+    pub cgroup_root: String,
+    pub attach: String,
+    pub interval_s: f64,
+    /// Control: the policy, or null when the agent only observes.
+    pub policy: Option<String>,
+    /// The `ute` policy's utilization threshold (only with `--policy ute`), for replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ute_threshold: Option<f64>,
+    pub config: Option<String>,
+    pub dry_run: bool,
+    /// The per-key statistics map: capacity and kernel memory per key.
+    pub stats_map: StatsCapacity,
+    /// Where this kernel differs from current ones, as the loader found it.
+    pub kernel_features: KernelFeatures,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CgroupStats {
+    pub cycle: u64,
+    pub interval_s: f64,
+    pub cgroup: CgroupRef,
+    pub totals: Totals,
+    pub devices: Vec<DeviceStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CgroupGone {
+    pub cycle: u64,
+    pub cgroup: CgroupRef,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CycleEnd {
+    pub cycle: u64,
+    pub interval_s: f64,
+    pub cgroups: usize,
+    pub tracked_keys: usize,
+    /// Keys that left the maps this cycle (idle for --idle-key-timeout).
+    pub evicted_keys: usize,
+    pub preexisting_completions: u64,
+    pub map_full: u64,
+    pub unsampled_requests: u64,
+    pub missed_events: u64,
+    pub untraced_completions: u64,
+    pub issue_map_timing: bool,
+    pub insert_attached: bool,
+    /// block_rq_issue is attached (--count-inflight, or a queue that does not stamp
+    /// requests at issue).
+    pub issue_attached: bool,
+    pub collect_us: u64,
+    /// Containers Docker reported that exist now (null: Docker off).
+    pub docker_containers: Option<usize>,
+    /// Events the output (stdout or --json) did not keep up with and lost, since start.
+    pub events_dropped: u64,
+    /// Disks with I/O this cycle and how busy they were.
+    pub disks: Vec<DiskCycle>,
+    /// Per-program kernel counters (run counts and time need bpf_stats_enabled).
+    pub programs: Vec<ProgramStats>,
+}
+
+/// One service on one device, one cycle (only with --config).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServiceStats {
+    pub cycle: u64,
+    pub service: String,
+    pub slo: SloClass,
+    pub dev: String,
+    pub disk: Option<String>,
+    /// `ok`, `throttled` or `violating`.
+    pub state: String,
+    pub p50_ns: Option<u64>,
+    pub p999_ns: Option<u64>,
+    pub samples: u64,
+    /// The samples in power-of-two buckets: (upper bound ns, count), non-empty only.
+    pub latency_log2: Vec<(u64, u64)>,
+    /// Ids of the cgroups whose I/O on this device this cycle is the service's.
+    pub cgroups: Vec<u64>,
+    pub mean_latency_ns: Option<u64>,
+    pub read_mbps: f64,
+    pub write_mbps: f64,
+    pub iops: f64,
+    pub mean_inflight: f64,
+    pub peak_inflight: Option<u64>,
+    pub vio: Option<f64>,
+    pub th_dif_mbps: Option<f64>,
+    pub share: f64,
+    pub utilization: f64,
+    pub limit: IoMaxLimit,
+}
+
+/// What the policy was given this cycle, every disk of it (only with --config): with the
+/// run's policy and config, the decisions follow from these alone, so a recorded run can be
+/// replayed (`isolator replay`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyInput {
+    pub cycle: u64,
+    /// Services whose remembered policy state was dropped before this cycle (they started
+    /// over on new cgroups, or left).
+    pub forgotten_services: Vec<ServiceId>,
+    pub devices: Vec<DeviceCycle>,
+}
+
+/// A limit the policy (or the config) set, with the numbers behind it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Decision {
+    pub cycle: u64,
+    pub policy: String,
+    pub service: String,
+    pub cgroups: Vec<String>,
+    pub dev: Option<String>,
+    pub knob: String,
+    /// As the knob's file read before and after the write, per cgroup.
+    pub old: String,
+    pub new: String,
+    /// The service-wide value the policy decided (null: no limit; absent for weights).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided: Option<Limit>,
+    pub applied: bool,
+    pub reason: String,
+    pub cause: Option<Cause>,
+}
+
+/// A decided limit: a number (bytes/s or IOPS, by the knob) or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Limit {
+    Max(MaxWord),
+    Value(u64),
+}
+
+/// The word `max`: no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MaxWord {
+    Max,
+}
+
+impl From<Option<u64>> for Limit {
+    fn from(v: Option<u64>) -> Limit {
+        v.map_or(Limit::Max(MaxWord::Max), Limit::Value)
+    }
+}
+
+impl Limit {
+    pub fn value(self) -> Option<u64> {
+        match self {
+            Limit::Max(_) => None,
+            Limit::Value(v) => Some(v),
+        }
+    }
+}
+
+/// A knob put back to the value it had before the agent touched it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Restore {
+    pub reason: String,
+    pub file: String,
+    pub knob: String,
+    pub value: String,
+    pub result: String,
+    /// What the knob held instead (`changed_by_other`): left as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+}
+
+/// A `warning` or an `error`: a code to match on and a sentence for people.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Notice {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentStop {
+    pub reason: String,
+    pub cycles: u64,
+}
+
+/// The Docker daemon answered (at start or after being down).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DockerConnected {
+    pub socket: String,
+    pub api_version: String,
+    pub containers: usize,
+}
+
+/// One disk in `cycle_end`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiskCycle {
+    pub dev: String,
+    pub disk: Option<String>,
+    /// Fraction of the cycle the disk had requests in flight (io_ticks).
+    pub utilization: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    AgentStart(AgentStart),
+    CgroupStats(CgroupStats),
+    CgroupGone(CgroupGone),
+    CycleEnd(CycleEnd),
+    ServiceStats(ServiceStats),
+    PolicyInput(PolicyInput),
+    Decision(Decision),
+    ViolationStart(ViolationInfo),
+    ViolationEnd(ViolationInfo),
+    Restore(Restore),
+    Warning(Notice),
+    Error(Notice),
+    AgentStop(AgentStop),
+    DockerConnected(DockerConnected),
+    LabelSlo(LabelSloInfo),
+    /// A type this reader does not know: a newer agent's addition within the schema.
+    /// Never written.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Event {
+    /// What the event is to a new reader of the event socket.
+    fn replay_role(&self) -> ReplayRole {
+        match self {
+            Event::AgentStart(_) => ReplayRole::Start,
+            Event::CgroupStats(_) | Event::ServiceStats(_) | Event::PolicyInput(_) => {
+                ReplayRole::CycleRecord
+            }
+            Event::CycleEnd(_) => ReplayRole::CycleEnd,
+            _ => ReplayRole::Action,
+        }
+    }
+
+    pub fn warning(code: impl Into<String>, message: impl Into<String>) -> Event {
+        Event::Warning(Notice {
+            code: code.into(),
+            message: message.into(),
+        })
+    }
+
+    pub fn error(code: impl Into<String>, message: impl Into<String>) -> Event {
+        Event::Error(Notice {
+            code: code.into(),
+            message: message.into(),
+        })
+    }
+
+    /// A knob put back, from the enforcer's report.
+    pub fn restore(reason: &str, r: crate::enforcer::Restored) -> Event {
+        Event::Restore(Restore {
+            reason: reason.into(),
+            file: r.file,
+            knob: r.knob,
+            value: r.value,
+            result: r.result,
+            current: r.current,
+        })
+    }
+}
+
+/// One line of the stream as a reader gets it: the event with its envelope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedEvent {
+    pub schema: u32,
+    /// When the agent wrote it (RFC 3339, UTC, milliseconds).
+    #[serde(default)]
+    pub ts: String,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Why a line is not an event a reader of this schema can take.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ReadError {
+    #[error("the agent speaks event schema {0}, this reader understands schema {SCHEMA_VERSION}; use the isolator of the agent's version")]
+    Schema(u64),
+    #[error("not an isolator event: {0}")]
+    NotAnEvent(String),
+}
+
+impl RecordedEvent {
+    /// One NDJSON line as an event of this schema.
+    pub fn parse(line: &str) -> Result<RecordedEvent, ReadError> {
+        match serde_json::from_str::<RecordedEvent>(line) {
+            Ok(e) if e.schema == SCHEMA_VERSION => Ok(e),
+            Ok(e) => Err(ReadError::Schema(e.schema.into())),
+            Err(e) => {
+                // Another schema may not fit these types: say that rather than the field.
+                #[derive(Deserialize)]
+                struct Head {
+                    schema: Option<u64>,
+                }
+                match serde_json::from_str::<Head>(line) {
+                    Ok(Head { schema: Some(v) }) if v != u64::from(SCHEMA_VERSION) => {
+                        Err(ReadError::Schema(v))
+                    }
+                    Ok(Head { schema: None }) => {
+                        Err(ReadError::NotAnEvent("no schema field".into()))
+                    }
+                    _ => Err(ReadError::NotAnEvent(format!("{e}: {line:.80}"))),
+                }
+            }
+        }
+    }
+}

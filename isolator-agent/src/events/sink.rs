@@ -1,0 +1,128 @@
+//! The writer side of the event stream: NDJSON lines to stdout or `--json`, and to the
+//! readers of the event socket.
+
+use std::{io::Write, path::Path, time::SystemTime};
+
+use serde::Serialize;
+
+use super::{Event, SCHEMA_VERSION};
+use crate::{
+    output::{Notice, Output, Target},
+    private_file::PrivateFileError,
+    stream::StreamServer,
+};
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    schema: u32,
+    ts: String,
+    #[serde(flatten)]
+    event: &'a Event,
+}
+
+/// Writes events as NDJSON, and to the readers of the event socket when one is served.
+/// Emitting never fails and never blocks: the output has a writer thread of its own (see
+/// [`crate::output`]), and what happens to it comes back as warning events.
+pub struct NdjsonSink {
+    out: Output,
+    socket: Option<StreamServer>,
+}
+
+impl NdjsonSink {
+    pub fn stdout() -> Self {
+        NdjsonSink::new(Output::start(Target::Stdout).expect("stdout needs no checks"))
+    }
+
+    pub fn to_writer(out: Box<dyn Write + Send>) -> Self {
+        NdjsonSink::new(Output::start(Target::Writer(out)).expect("a writer needs no checks"))
+    }
+
+    /// Appends to `path`, created 0600, never through a symbolic link (see
+    /// [`crate::private_file`]).
+    pub fn file(path: &Path) -> Result<Self, PrivateFileError> {
+        Ok(NdjsonSink::new(Output::start(Target::File(
+            path.to_path_buf(),
+        ))?))
+    }
+
+    fn new(out: Output) -> Self {
+        NdjsonSink { out, socket: None }
+    }
+
+    /// The event socket, for a stopping agent to drain.
+    pub fn take_socket(&mut self) -> Option<StreamServer> {
+        self.socket.take()
+    }
+
+    /// Also serve every event on the socket from now on.
+    pub fn serve(&mut self, socket: StreamServer) {
+        self.socket = Some(socket);
+    }
+
+    /// Writes one event. What happens to the output is reported at [`NdjsonSink::flush`],
+    /// once per cycle, not looked up per event.
+    pub fn emit(&mut self, event: &Event) {
+        let env = Envelope {
+            schema: SCHEMA_VERSION,
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            event,
+        };
+        let line = match serde_json::to_string(&env) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "an event could not be serialized");
+                return;
+            }
+        };
+        if let Some(s) = &self.socket {
+            s.publish(event.replay_role(), line.as_str().into());
+        }
+        self.out.send(line);
+    }
+
+    /// Says what happened to the output since last time: on stderr, and as an event (to
+    /// the socket, and to the output itself, which takes it once it works again).
+    fn report_output(&mut self) {
+        for n in self.out.notices() {
+            let (code, message) = match n {
+                Notice::Failed { output, error } => (
+                    "output_failed",
+                    format!("cannot write events to {output} ({error}); the agent keeps controlling, and says when writing works again"),
+                ),
+                Notice::Stalled { output } => (
+                    "output_stalled",
+                    format!("{output} does not take events as fast as they come (a reader that stopped reading?); events are dropped until it does, the agent keeps controlling"),
+                ),
+                Notice::Recovered { output, dropped } => (
+                    "output_recovered",
+                    format!("writing events to {output} works again; {dropped} event(s) were lost meanwhile"),
+                ),
+            };
+            tracing::warn!(code, "{message}");
+            self.emit(&Event::warning(code, message));
+        }
+    }
+
+    /// Lines dropped because the output did not keep up, since start.
+    pub fn dropped(&self) -> u64 {
+        self.out.dropped()
+    }
+
+    /// Reports output faults seen since the last flush; the agent calls it at the end of
+    /// start-up and of every cycle.
+    pub fn flush(&mut self) {
+        self.report_output();
+    }
+
+    /// Opens the --json file again (SIGHUP, after logrotate moved it).
+    pub fn reopen(&mut self) {
+        self.out.reopen();
+    }
+
+    /// At stop: waits at most `timeout` for the output to take every event.
+    pub fn drain(&mut self, timeout: std::time::Duration) -> bool {
+        let ok = self.out.drain(timeout);
+        self.report_output();
+        ok
+    }
+}
