@@ -108,6 +108,7 @@ impl IoMaxLimit {
 pub struct ServiceLoad {
     pub id: ServiceId,
     pub name: String,
+    #[serde(rename = "slo")]
     pub class: SloClass,
     pub floor: Option<Rate>,
     pub ceiling: Option<Rate>,
