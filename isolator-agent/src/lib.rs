@@ -22,6 +22,7 @@ pub mod policy;
 pub mod private_file;
 pub mod privileges;
 pub mod probe;
+pub mod replay;
 pub mod stream;
 pub mod top;
 

@@ -7,6 +7,7 @@ use isolator::{
     check,
     enforcer::{Enforcer, HostLock, Journal, DEFAULT_JOURNAL_DIR},
     probe::DEFAULT_BTF,
+    replay,
     top::{self, TopOptions},
 };
 
@@ -42,6 +43,10 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_BTF)]
         btf: PathBuf,
     },
+    /// Run a policy again over a recorded run (--json of 'isolator run --config') and say
+    /// where its decisions differ from the recorded ones (another --policy or --slo: what
+    /// the agent would have done).
+    Replay(replay::ReplayOptions),
 }
 
 /// clap's errors span several lines; the operator gets one: the cause and the fix.
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(agent::run(opts))),
         Command::Top(opts) => top::run(opts),
+        Command::Replay(opts) => replay::run(&opts).map(|report| print!("{report}")),
         Command::Restore { journal_dir } => restore(&journal_dir),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);

@@ -495,6 +495,31 @@ impl Drop for Agent {
 
 /// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
 /// Asserts the agent's byte count is within `fraction` of the kernel's.
+/// Every line the agent wrote reads into the typed event model and writes back as the same
+/// JSON: the model the readers use is the one the agent writes, field for field.
+pub fn assert_events_round_trip(events_file: &Path) {
+    use isolator::events::RecordedEvent;
+    let text = std::fs::read_to_string(events_file).unwrap();
+    let mut n = 0;
+    for line in text.lines().filter(|l| l.ends_with('}')) {
+        let typed = RecordedEvent::parse(line).unwrap_or_else(|e| {
+            panic!("the agent wrote a line its readers cannot read ({e}): {line}")
+        });
+        assert!(
+            !matches!(typed.event, isolator::events::Event::Unknown),
+            "an event type the model lacks: {line}"
+        );
+        let written: Value = serde_json::from_str(line).unwrap();
+        let again = serde_json::to_value(&typed).unwrap();
+        assert_eq!(
+            again, written,
+            "the typed model loses or changes a field of {line}"
+        );
+        n += 1;
+    }
+    assert!(n > 0, "no events in {}", events_file.display());
+}
+
 pub fn assert_bytes_within(name: &str, agent: u64, kernel: u64, fraction: f64, diag: &str) {
     let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
     assert!(

@@ -85,6 +85,41 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
     assert!(events
         .iter()
         .any(|e| e["type"] == "violation_end" && e["service"] == "db"));
+
+    // The run is recorded: every line reads into the typed model, and replaying it with the
+    // same policy and SLO makes every decision it made, and no other.
+    assert_events_round_trip(&agent.events);
+    let recorded = events
+        .iter()
+        .filter(|e| e["type"] == "decision" && e["policy"] == "adaptive")
+        .count();
+    assert!(
+        events.iter().any(|e| e["type"] == "policy_input"),
+        "no policy_input recorded"
+    );
+    let file = agent.events.to_str().unwrap();
+    let out = run_ok(Command::new(isolator_bin()).args(["replay", file]));
+    println!("{out}");
+    assert!(
+        out.contains(&format!(
+            "{recorded} recorded decisions, {recorded} replayed, 0 differ"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("no differences"), "{out}");
+    // With a looser SLO (100 ms, which db met all along) the writer would not have been
+    // capped: the replay says where it parts from the recording.
+    let out = run_ok(Command::new(isolator_bin()).args(["replay", file, "--slo", "db=100ms"]));
+    println!("{out}");
+    assert!(
+        out.contains("SLO of db: latency p99.9 <= 100.000ms"),
+        "{out}"
+    );
+    assert!(
+        out.contains("backup wbps: recorded") && out.contains("replay leaves it as it was"),
+        "{out}"
+    );
+    assert!(out.contains("difference(s)"), "{out}");
 }
 
 /// A cgroup whose read limit has a non-default original (so that "restored" cannot mean

@@ -209,4 +209,5 @@ fn real_output_matches_docs() {
         assert_eq!(e["schema"], 1);
         validate(&doc, e);
     }
+    assert_events_round_trip(&agent.events);
 }
