@@ -1,9 +1,14 @@
-//! The view's state (sort, filter, selection, panes, pause) and what each key does. Pure:
-//! tests drive it with key events and read the result.
+//! The view's state (sort, filter, selection, panes, pause, replay) and what each key
+//! does. Pure: tests drive it with key events and read the result.
+
+use std::time::Duration;
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::model::{Column, Model, Row, RowKey, StreamError};
+use super::{
+    model::{Column, Model, Row, RowKey, StreamError},
+    replay::Replay,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pane {
@@ -36,6 +41,10 @@ pub struct App {
     pub actions_scroll: usize,
     /// Where the events come from, for the status line.
     pub source: String,
+    /// `--replay`: a recorded stream; the screen shows its model, not `live`.
+    pub replay: Option<Replay>,
+    /// The replay's `:` prompt as typed so far.
+    pub goto: Option<String>,
 }
 
 impl App {
@@ -52,7 +61,29 @@ impl App {
             help: false,
             actions_scroll: 0,
             source,
+            replay: None,
+            goto: None,
         }
+    }
+
+    /// Shows a recording instead of a live stream.
+    pub fn replaying(source: String, replay: Replay) -> App {
+        App {
+            replay: Some(replay),
+            ..App::new(source)
+        }
+    }
+
+    /// Time passed: a playing replay moves on.
+    pub fn tick(&mut self, elapsed: Duration) {
+        if let Some(r) = &mut self.replay {
+            r.tick(elapsed);
+        }
+    }
+
+    /// How long the view may wait for input before the replay's next cycle is due.
+    pub fn until_next(&self) -> Option<Duration> {
+        self.replay.as_ref().and_then(Replay::until_next)
     }
 
     pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
@@ -63,18 +94,46 @@ impl App {
         &mut self.live
     }
 
-    /// What the screen shows: the frozen model while paused.
+    /// What the screen shows: the replay's cycle, or the frozen model while paused.
     pub fn model(&self) -> &Model {
+        if let Some(r) = &self.replay {
+            return r.model();
+        }
         self.frozen.as_ref().unwrap_or(&self.live)
     }
 
     pub fn paused(&self) -> bool {
-        self.frozen.is_some()
+        match &self.replay {
+            Some(r) => !r.playing,
+            None => self.frozen.is_some(),
+        }
     }
 
     /// The connection as it is now, paused or not.
     pub fn link(&self) -> &super::model::Link {
         &self.live.link
+    }
+
+    /// The replay's keys; false when `code` is not one (or this is no replay).
+    fn replay_key(&mut self, code: KeyCode) -> bool {
+        let Some(r) = &mut self.replay else {
+            return false;
+        };
+        match code {
+            KeyCode::Char(' ') | KeyCode::Char('p') => r.toggle(),
+            KeyCode::Right | KeyCode::Char('t') => r.step(1),
+            KeyCode::Left | KeyCode::Char('T') => r.step(-1),
+            KeyCode::Char('[') => r.first(),
+            KeyCode::Char(']') => r.last(),
+            KeyCode::Char('+') | KeyCode::Char('=') => r.faster(),
+            KeyCode::Char('-') => r.slower(),
+            KeyCode::Char(':') => {
+                r.note = None;
+                self.goto = Some(String::new());
+            }
+            _ => return false,
+        }
+        true
     }
 
     pub fn rows(&self) -> Vec<&Row> {
@@ -127,6 +186,27 @@ impl App {
                 KeyCode::Char(c) => self.filter.push(c),
                 _ => {}
             }
+            return Flow::Continue;
+        }
+        if let Some(text) = &mut self.goto {
+            match k.code {
+                KeyCode::Enter => {
+                    let text = std::mem::take(text);
+                    self.goto = None;
+                    if let Some(r) = &mut self.replay {
+                        r.goto(&text);
+                    }
+                }
+                KeyCode::Esc => self.goto = None,
+                KeyCode::Backspace => {
+                    text.pop();
+                }
+                KeyCode::Char(c) => text.push(c),
+                _ => {}
+            }
+            return Flow::Continue;
+        }
+        if self.replay_key(k.code) {
             return Flow::Continue;
         }
         let scroll_actions = self.pane == Pane::Actions;
@@ -247,6 +327,55 @@ mod tests {
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         press(&mut app, KeyCode::Char('/'));
         assert_eq!(app.key(ctrl_c), Flow::Quit);
+    }
+
+    #[test]
+    fn replay_keys_leave_the_views_keys_as_they_were() {
+        let mut app = App::replaying("replay f".into(), crate::top::replay::tests::recorded());
+        assert!(app.paused());
+        press(&mut app, KeyCode::Char('p'));
+        assert!(!app.paused());
+        press(&mut app, KeyCode::Char(' '));
+        assert!(app.paused() && app.until_next().is_none());
+        for _ in 0..7 {
+            press(&mut app, KeyCode::Right);
+        }
+        assert_eq!(app.model().cycle, 8);
+        // h is still help, j/k/g/G still move the selection.
+        press(&mut app, KeyCode::Char('h'));
+        assert!(app.help);
+        press(&mut app, KeyCode::Char('h'));
+        press(&mut app, KeyCode::Char('j'));
+        assert_eq!(app.selected_row().unwrap().name, "backup");
+        press(&mut app, KeyCode::Char('g'));
+        assert_eq!(app.selected_row().unwrap().name, "db");
+        assert_eq!(app.model().cycle, 8);
+        // The selection follows its row from cycle to cycle.
+        press(&mut app, KeyCode::Char('j'));
+        press(&mut app, KeyCode::Left);
+        assert_eq!(app.model().cycle, 7);
+        assert_eq!(app.selected_row().unwrap().name, "backup");
+        // While typing where to go, q and digits are text.
+        press(&mut app, KeyCode::Char(':'));
+        press(&mut app, KeyCode::Char('q'));
+        press(&mut app, KeyCode::Backspace);
+        press(&mut app, KeyCode::Char('1'));
+        assert_eq!(press(&mut app, KeyCode::Char('2')), Flow::Continue);
+        assert_eq!(app.goto.as_deref(), Some("12"));
+        press(&mut app, KeyCode::Enter);
+        assert_eq!(app.model().cycle, 12);
+        press(&mut app, KeyCode::Char(':'));
+        press(&mut app, KeyCode::Char('1'));
+        press(&mut app, KeyCode::Esc);
+        assert!(app.goto.is_none());
+        assert_eq!(app.model().cycle, 12);
+        // Playing moves with time.
+        press(&mut app, KeyCode::Char('-'));
+        press(&mut app, KeyCode::Char(' '));
+        let due = app.until_next().unwrap();
+        app.tick(due);
+        assert_eq!(app.model().cycle, 13);
+        assert_eq!(press(&mut app, KeyCode::Char('q')), Flow::Quit);
     }
 
     #[test]

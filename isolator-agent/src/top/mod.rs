@@ -1,10 +1,11 @@
 //! `isolator top`: a top-like view of every service's I/O, SLO state and the agent's actions.
 //! It reads a running agent's event socket; with no agent it runs an observe-only collector
-//! of its own. The [`model`] and [`app`] are pure; [`view`] draws; this module owns the
-//! terminal and the event sources.
+//! of its own; with `--replay FILE` it shows a recorded stream. The [`model`], [`app`] and
+//! [`replay`] are pure; [`view`] draws; this module owns the terminal and the event sources.
 
 pub mod app;
 pub mod model;
+pub mod replay;
 pub mod view;
 
 use std::{
@@ -15,7 +16,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         mpsc::{self, Receiver, Sender, TryRecvError},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -33,6 +34,8 @@ use model::StreamError;
 const RECONNECT_EVERY: Duration = Duration::from_secs(2);
 /// Longest wait for the agent's first event before the view starts.
 const FIRST_EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for a key between two draws.
+const IDLE_WAIT: Duration = Duration::from_millis(250);
 
 #[derive(clap::Args)]
 pub struct TopOptions {
@@ -48,6 +51,10 @@ pub struct TopOptions {
     /// Docker Engine API socket, for container names in the collector top runs itself.
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
+    /// Show a recorded run instead (a file `isolator run --json FILE` wrote): step, play
+    /// and jump through its cycles.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "interval", "btf", "docker_socket"])]
+    pub replay: Option<PathBuf>,
 }
 
 enum Feed {
@@ -61,11 +68,51 @@ extern "C" fn on_terminate(_: libc::c_int) {
     TERMINATE.store(true, Ordering::Relaxed);
 }
 
-pub fn run(opts: TopOptions) -> Result<()> {
+fn need_terminal() -> Result<()> {
     use std::io::IsTerminal;
     if !io::stdout().is_terminal() || !io::stdin().is_terminal() {
         bail!("isolator top draws on a terminal and this is not one; run it in a terminal, or read the events with 'isolator run' (NDJSON)");
     }
+    Ok(())
+}
+
+/// Reads and indexes a recording; every way it can be unusable is one line.
+pub fn load_replay(path: &Path) -> Result<replay::Replay> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {}: {e}; check the path (a file 'isolator run --json FILE' wrote)",
+            path.display()
+        )
+    })?;
+    // Invalid UTF-8 makes broken lines, not the end of the replay.
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let rec =
+        replay::Recording::parse(text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(replay::Replay::new(rec))
+}
+
+pub fn run(opts: TopOptions) -> Result<()> {
+    if let Some(path) = &opts.replay {
+        // The file first: a bad one is said even off a terminal.
+        let replay = load_replay(path)?;
+        need_terminal()?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let mut app = App::replaying(format!("replay {name}"), replay);
+        install_signal_handlers();
+        let result = match ratatui::try_init() {
+            Ok(mut terminal) => event_loop(&mut terminal, &mut app, None),
+            Err(e) => Err(anyhow::Error::from(e).context("cannot set up the terminal")),
+        };
+        ratatui::restore();
+        return result;
+    }
+    need_terminal()?;
     let (tx, rx) = mpsc::channel();
     let (source, own) = match UnixStream::connect(&opts.socket) {
         Ok(stream) => {
@@ -104,16 +151,11 @@ pub fn run(opts: TopOptions) -> Result<()> {
             opts.socket.display()
         ),
     };
-    // SAFETY: the handlers only store to an atomic.
-    unsafe {
-        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::signal(sig, on_terminate as *const () as libc::sighandler_t);
-        }
-    }
+    install_signal_handlers();
     let mut app = App::new(source);
     // Restores the terminal on panic too (ratatui's hook).
     let result = match ratatui::try_init() {
-        Ok(mut terminal) => event_loop(&mut terminal, &mut app, &rx),
+        Ok(mut terminal) => event_loop(&mut terminal, &mut app, Some(&rx)),
         Err(e) => Err(anyhow::Error::from(e).context("cannot set up the terminal")),
     };
     ratatui::restore();
@@ -121,6 +163,15 @@ pub fn run(opts: TopOptions) -> Result<()> {
         own.stop();
     }
     result
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handlers only store to an atomic.
+    unsafe {
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(sig, on_terminate as *const () as libc::sighandler_t);
+        }
+    }
 }
 
 /// Reads the agent's first event before the view starts, so an incompatible agent is an
@@ -191,30 +242,25 @@ fn follow_agent(socket: &Path, mut reader: Option<BufReader<UnixStream>>, tx: Se
 fn event_loop(
     terminal: &mut ratatui::DefaultTerminal,
     app: &mut App,
-    rx: &Receiver<Feed>,
+    rx: Option<&Receiver<Feed>>,
 ) -> Result<()> {
+    let mut last = Instant::now();
     loop {
         if TERMINATE.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // Bounded, so a flood of events never starves the keyboard.
-        for _ in 0..20_000 {
-            match rx.try_recv() {
-                Ok(Feed::Line(l)) => match app.ingest_line(&l) {
-                    Err(e @ StreamError::Schema(_)) => app.live_mut().lost(e.to_string()),
-                    // A line that is not an event is skipped; the stream goes on.
-                    Err(StreamError::NotAnEvent(_)) | Ok(()) => {}
-                },
-                Ok(Feed::Lost(why)) => app.live_mut().lost(why),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    app.live_mut().lost("the collector stopped".into());
-                    break;
-                }
-            }
+        let now = Instant::now();
+        app.tick(now - last);
+        last = now;
+        if let Some(rx) = rx {
+            take_feed(app, rx);
         }
         terminal.draw(|f| view::render(f, app))?;
-        match wait_for_terminal(Duration::from_millis(250)) {
+        // A playing replay wakes for its next cycle.
+        let wait = app
+            .until_next()
+            .map_or(IDLE_WAIT, |d| d.clamp(Duration::from_millis(1), IDLE_WAIT));
+        match wait_for_terminal(wait) {
             TerminalWait::HungUp => return Ok(()),
             TerminalWait::Idle => {}
             // Input is waiting: crossterm reads it, all of it (it buffers what one read
@@ -233,6 +279,25 @@ fn event_loop(
                     Err(e) => return Err(e.into()),
                 }
             },
+        }
+    }
+}
+
+/// Takes what the agent sent; bounded, so a flood of events never starves the keyboard.
+fn take_feed(app: &mut App, rx: &Receiver<Feed>) {
+    for _ in 0..20_000 {
+        match rx.try_recv() {
+            Ok(Feed::Line(l)) => match app.ingest_line(&l) {
+                Err(e @ StreamError::Schema(_)) => app.live_mut().lost(e.to_string()),
+                // A line that is not an event is skipped; the stream goes on.
+                Err(StreamError::NotAnEvent(_)) | Ok(()) => {}
+            },
+            Ok(Feed::Lost(why)) => app.live_mut().lost(why),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => {
+                app.live_mut().lost("the collector stopped".into());
+                break;
+            }
         }
     }
 }
@@ -349,5 +414,44 @@ impl OwnCollector {
     fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(name: &str, content: Option<&[u8]>) -> String {
+        let path = std::env::temp_dir().join(format!("isolator-top-{}-{name}", std::process::id()));
+        if let Some(c) = content {
+            std::fs::write(&path, c).unwrap();
+        }
+        let e = load_replay(&path).err().map(|e| format!("{e:#}"));
+        let _ = std::fs::remove_file(&path);
+        e.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_replayed_is_one_line_that_says_why() {
+        let missing = error_of("missing", None);
+        assert!(
+            missing.contains("cannot read") && missing.contains("No such file"),
+            "{missing}"
+        );
+        let garbage = error_of("garbage", Some(b"\xff\xfe binary\nplain text\n"));
+        assert!(
+            garbage.contains("no isolator events in its 2 lines"),
+            "{garbage}"
+        );
+        let newer = error_of("newer", Some(b"{\"schema\":9,\"type\":\"agent_start\"}\n"));
+        assert!(
+            newer.contains("line 1: the agent speaks event schema 9"),
+            "{newer}"
+        );
+        for e in [missing, garbage, newer] {
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let rec = crate::top::model::tests::RECORDED;
+        assert!(error_of("ok", Some(rec.as_bytes())).is_empty());
     }
 }

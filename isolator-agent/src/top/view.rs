@@ -16,6 +16,7 @@ use crate::config::SloClass;
 use super::{
     app::{App, Pane},
     model::{latency_words, Action, ActionKind, Column, Link, Row, RowKey, State},
+    replay::Replay,
 };
 
 /// Smallest terminal the view draws into; below it says so instead.
@@ -125,7 +126,7 @@ pub fn render(f: &mut Frame, app: &App) {
     }
     render_status(f, app, status);
     if app.help {
-        render_help(f, area);
+        render_help(f, app, area);
     }
 }
 
@@ -133,7 +134,9 @@ fn render_header(f: &mut Frame, app: &App, area: Rect) {
     let model = app.model();
     let mut lines = vec![];
     let mut first = vec![Span::styled("isolator top", Style::new().bold())];
-    if app.paused() {
+    if app.replay.is_some() {
+        first.push(Span::styled(" REPLAY", Style::new().fg(Color::Cyan).bold()));
+    } else if app.paused() {
         first.push(Span::styled(
             " PAUSED",
             Style::new().fg(Color::Yellow).bold(),
@@ -530,6 +533,17 @@ fn render_actions(f: &mut Frame, app: &App, area: Rect) {
 }
 
 fn render_status(f: &mut Frame, app: &App, area: Rect) {
+    if let Some(text) = &app.goto {
+        let n = app.replay.as_ref().map_or(0, |r| r.recording().len());
+        f.render_widget(
+            Paragraph::new(format!(
+                "go to: {text}_   (cycle 1-{n}, +N/-N cycles, +5m, 10:54:30; Enter goes, Esc cancels)"
+            ))
+            .style(Style::new().reversed()),
+            area,
+        );
+        return;
+    }
     if app.editing_filter {
         f.render_widget(
             Paragraph::new(format!(
@@ -541,17 +555,9 @@ fn render_status(f: &mut Frame, app: &App, area: Rect) {
         );
         return;
     }
-    let link = match app.link() {
-        Link::Connecting => Span::raw(format!("connecting to {}", app.source)),
-        Link::Live => Span::styled(app.source.clone(), Style::new().fg(Color::Green)),
-        Link::Stopped(why) => Span::styled(
-            format!("agent stopped ({why}); waiting for it to come back"),
-            Style::new().fg(Color::Yellow),
-        ),
-        Link::Lost(why) => Span::styled(
-            format!("agent gone: {why}; reconnecting"),
-            Style::new().fg(Color::Red).bold(),
-        ),
+    let link = match &app.replay {
+        Some(r) => replay_status(app, r),
+        None => link_status(app),
     };
     let mut right = format!(
         "sort {}{}",
@@ -560,6 +566,9 @@ fn render_status(f: &mut Frame, app: &App, area: Rect) {
     );
     if !app.filter.is_empty() {
         right.push_str(&format!("  filter '{}'", app.filter));
+    }
+    if app.replay.is_some() {
+        right.push_str("  space play  \u{2190}\u{2192} step  : go to");
     }
     right.push_str("  h help  q quit");
     // A broken link matters more than the key hints: they give way when both do not fit.
@@ -570,8 +579,72 @@ fn render_status(f: &mut Frame, app: &App, area: Rect) {
         0
     };
     let [l, r] = Layout::horizontal([Constraint::Min(10), Constraint::Length(right_w)]).areas(area);
-    f.render_widget(Paragraph::new(Line::from(link)), l);
+    f.render_widget(Paragraph::new(link), l);
     f.render_widget(Paragraph::new(right).dark_gray(), r);
+}
+
+fn link_status(app: &App) -> Line<'static> {
+    Line::from(match app.link() {
+        Link::Connecting => Span::raw(format!("connecting to {}", app.source)),
+        Link::Live => Span::styled(app.source.clone(), Style::new().fg(Color::Green)),
+        Link::Stopped(why) => Span::styled(
+            format!("agent stopped ({why}); waiting for it to come back"),
+            Style::new().fg(Color::Yellow),
+        ),
+        Link::Lost(why) => Span::styled(
+            format!("agent gone: {why}; reconnecting"),
+            Style::new().fg(Color::Red).bold(),
+        ),
+    })
+}
+
+/// Which recording, which cycle of how many, when it was recorded, and whether it plays.
+fn replay_status(app: &App, r: &Replay) -> Line<'static> {
+    let rec = r.recording();
+    let c = r.current();
+    let mut text = format!(
+        "{}  cycle {}/{}  {}",
+        app.source,
+        r.position() + 1,
+        rec.len(),
+        c.ts.as_deref().unwrap_or("no timestamp")
+    );
+    if rec.runs > 1 {
+        text.push_str(&format!("  run {}/{}", c.run, rec.runs));
+    }
+    let mut spans = vec![];
+    // First: a refused jump is what the reader looks for, and the end is news.
+    if let Some(note) = &r.note {
+        spans.push(Span::styled(
+            format!("{note}  "),
+            Style::new().fg(Color::Red).bold(),
+        ));
+    }
+    spans.push(Span::raw(text));
+    spans.push(if r.playing {
+        let speed = if r.speed > 1 {
+            format!(" {}x", r.speed)
+        } else {
+            String::new()
+        };
+        Span::styled(
+            format!("  playing{speed}"),
+            Style::new().fg(Color::Green).bold(),
+        )
+    } else {
+        Span::styled("  paused", Style::new().fg(Color::Yellow).bold())
+    });
+    if rec.broken > 0 {
+        spans.push(Span::styled(
+            format!(
+                "  {} broken line{} skipped",
+                rec.broken,
+                if rec.broken == 1 { "" } else { "s" }
+            ),
+            Style::new().fg(Color::Yellow),
+        ));
+    }
+    Line::from(spans)
 }
 
 const HELP: &[(&str, &str)] = &[
@@ -587,20 +660,41 @@ const HELP: &[(&str, &str)] = &[
     ("q Ctrl-C", "quit"),
 ];
 
-fn render_help(f: &mut Frame, area: Rect) {
-    let w = area.width.min(70);
-    let h = (HELP.len() as u16 + 6).min(area.height);
+/// The replay's own keys (`--replay`); space and p play instead of freezing the view.
+const REPLAY_HELP: &[(&str, &str)] = &[
+    (
+        "space p",
+        "play / pause at the recorded pace (at the end: again)",
+    ),
+    ("Right/t Left/T", "next / previous cycle"),
+    ("[  ]", "first / last cycle"),
+    ("+ -", "play faster / slower (1x to 64x)"),
+    (":", "go to: cycle 120, +10/-10 cycles, +5m/-30s, 10:54:30"),
+];
+
+fn render_help(f: &mut Frame, app: &App, area: Rect) {
+    let keys: Vec<(&str, &str)> = match app.replay {
+        Some(_) => REPLAY_HELP
+            .iter()
+            .chain(HELP.iter().filter(|(k, _)| *k != "p or space"))
+            .copied()
+            .collect(),
+        None => HELP.to_vec(),
+    };
+    let w = area.width.min(72);
+    let h = (keys.len() as u16 + 6).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
         w,
         h,
     );
-    let mut lines: Vec<Line> = HELP
+    let key_w = keys.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 2;
+    let mut lines: Vec<Line> = keys
         .iter()
         .map(|(k, what)| {
             Line::from(vec![
-                Span::styled(format!("{k:<12}"), Style::new().bold()),
+                Span::styled(format!("{k:<key_w$}"), Style::new().bold()),
                 Span::raw(*what),
             ])
         })
@@ -817,6 +911,99 @@ mod tests {
             .lost("no agent on /run/isolator/isolator.sock".into());
         assert!(draw(&app, 80, 24)[23]
             .starts_with("agent gone: no agent on /run/isolator/isolator.sock; reconnecting"));
+    }
+
+    #[test]
+    fn replay_steps_forward_and_back_to_the_same_screens() {
+        let mut app = App::replaying(
+            "replay noisy-neighbor.ndjson".into(),
+            crate::top::replay::tests::recorded(),
+        );
+        let screen = draw(&app, 80, 24);
+        assert!(
+            screen[0].starts_with("isolator top REPLAY  vm  #1 every 1.0s"),
+            "{}",
+            screen[0]
+        );
+        assert!(
+            screen[23].starts_with(
+                "replay noisy-neighbor.ndjson  cycle 1/19  2026-11-23T10:54:21.894Z  paused"
+            ),
+            "{}",
+            screen[23]
+        );
+        // To cycle 8 one step at a time: the same values as the live view of cycle 8.
+        for _ in 0..7 {
+            key(&mut app, KeyCode::Right);
+        }
+        let eighth = draw(&app, 80, 24);
+        assert!(eighth[0].contains("#8"), "{}", eighth[0]);
+        assert!(
+            eighth[23].contains("cycle 8/19  2026-11-23T10:54:28.89"),
+            "{}",
+            eighth[23]
+        );
+        let db = line_with(&eighth, "db ");
+        assert!(
+            db.contains("8.1ms") && db.contains("violating") && db.contains("+0.34"),
+            "{db}"
+        );
+        assert!(line_with(&eighth, "backup").contains("w116M"));
+        // Back one: cycle 7, before the cap on backup.
+        key(&mut app, KeyCode::Left);
+        let seventh = draw(&app, 80, 24);
+        assert!(seventh[0].contains("#7") && seventh[23].contains("cycle 7/19"));
+        assert!(!line_with(&seventh, "backup").contains("w116M"));
+        assert_ne!(seventh, eighth);
+        // And forward again: the screen it was.
+        key(&mut app, KeyCode::Char('t'));
+        assert_eq!(draw(&app, 80, 24), eighth);
+        // From the end, back with T, and the jumps.
+        key(&mut app, KeyCode::Char(']'));
+        let last = draw(&app, 80, 24);
+        assert!(last[23].contains("cycle 19/19"), "{}", last[23]);
+        key(&mut app, KeyCode::Char('T'));
+        key(&mut app, KeyCode::Right);
+        assert_eq!(draw(&app, 80, 24), last);
+        key(&mut app, KeyCode::Char(':'));
+        for c in "8".chars() {
+            key(&mut app, KeyCode::Char(c));
+        }
+        assert!(draw(&app, 80, 24)[23].starts_with("go to: 8_"));
+        key(&mut app, KeyCode::Enter);
+        assert_eq!(draw(&app, 80, 24), eighth);
+        key(&mut app, KeyCode::Char(':'));
+        key(&mut app, KeyCode::Char('x'));
+        key(&mut app, KeyCode::Enter);
+        assert!(draw(&app, 80, 24)[23].starts_with("'x' is not a cycle or a time"));
+        key(&mut app, KeyCode::Char('['));
+        assert!(draw(&app, 80, 24)[23].contains("cycle 1/19"));
+        // Playing, faster; the help lists the replay keys.
+        key(&mut app, KeyCode::Char(' '));
+        key(&mut app, KeyCode::Char('+'));
+        let screen = draw(&app, 160, 24);
+        assert!(screen[23].contains("playing 2x"), "{}", screen[23]);
+        assert!(screen[23].contains("space play"), "{}", screen[23]);
+        key(&mut app, KeyCode::Char('?'));
+        let help = draw(&app, 80, 24);
+        line_with(&help, "Right/t Left/T  next / previous cycle");
+        line_with(&help, "go to: cycle 120");
+        assert!(!help.iter().any(|l| l.contains("data keeps coming")));
+    }
+
+    #[test]
+    fn a_replay_with_broken_lines_says_so() {
+        let mut text = String::new();
+        for (i, l) in crate::top::model::tests::RECORDED.lines().enumerate() {
+            text.push_str(l);
+            text.push('\n');
+            if i == 3 {
+                text.push_str("not json\n");
+            }
+        }
+        let rec = crate::top::replay::Recording::parse(text).unwrap();
+        let app = App::replaying("replay r".into(), crate::top::replay::Replay::new(rec));
+        assert!(draw(&app, 100, 24)[23].contains("paused  1 broken line skipped"));
     }
 
     #[test]
