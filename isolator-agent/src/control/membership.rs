@@ -149,7 +149,7 @@ impl Membership {
         let new_targets: HashMap<ServiceId, Vec<Target>> = self
             .specs()
             .map(|(sid, s)| {
-                let t = owners
+                let mut t: Vec<Target> = owners
                     .iter()
                     .filter(|o| s.matches_owner(o))
                     .map(|o| Target {
@@ -157,6 +157,9 @@ impl Membership {
                         ino: ino(o.path),
                     })
                     .collect();
+                // In path order, whatever order the walk found them in: a decision's
+                // cgroups read the same every time.
+                t.sort_by(|a, b| a.path.cmp(&b.path));
                 (sid, t)
             })
             .collect();

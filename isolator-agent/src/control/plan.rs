@@ -193,3 +193,26 @@ impl Enforcement {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_limit_never_goes_below_the_minimum_per_cgroup() {
+        // 10 MB/s over 20 cgroups would be 500 kB/s each.
+        let s = split_limit(Knob::Wbps, Some(10_000_000), 20);
+        assert_eq!(s.per_cgroup, Some(MIN_CAP_BPS));
+        let note = s.note.unwrap();
+        assert!(
+            note.contains("20 cgroups") && note.contains("minimum"),
+            "{note}"
+        );
+        let s = split_limit(Knob::Riops, Some(100), 20);
+        assert_eq!(s.per_cgroup, Some(MIN_CAP_IOPS));
+        // An even split above the minimum is exact, and unlimited stays unlimited.
+        let s = split_limit(Knob::Rbps, Some(100 << 20), 4);
+        assert_eq!((s.per_cgroup, s.note), (Some(25 << 20), None));
+        assert_eq!(split_limit(Knob::Rbps, None, 4).per_cgroup, None);
+    }
+}
