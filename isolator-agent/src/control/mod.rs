@@ -26,9 +26,11 @@ use crate::{
 
 /// What the controller remembers of a service on a device.
 #[derive(Debug, Default, Clone)]
-pub(super) struct DevState {
-    /// The limit its cgroups hold (what was written, not what was decided).
+struct DevState {
+    /// The service's limit as a whole, as last decided and taken by its cgroups: a write
+    /// they rejected leaves the one before.
     limit: IoMaxLimit,
+    /// The cycle of the last decision on it, taken or not.
     changed_cycle: Option<u64>,
     violating: bool,
 }

@@ -85,7 +85,7 @@ fn label_services_follow_what_docker_says() {
 // --- Planning and enforcement on an in-memory host (no root, no real cgroups). ---
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::PathBuf,
     sync::{Arc, Mutex},
 };
@@ -637,4 +637,74 @@ fn step_on_a_recorded_device_cycle_sequence_is_deterministic() {
     assert_eq!(first.0, second.0);
     assert_eq!(first.1, second.1);
     assert_eq!(first.2, second.2);
+}
+
+#[test]
+fn one_service_is_measured_over_its_cgroups_and_a_limited_idle_one_still_gets_a_say() {
+    use isolator_common::{IoKey, OP_READ, OP_WRITE};
+
+    use crate::collector::{KeyDelta, Snapshot};
+    let config = format!("{BATCH}[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n");
+    let mut rig = Rig::new(
+        CgroupMode::V2,
+        &config,
+        &["/batch/a", "/batch/b", "/db", "/other"],
+        Run::DryRun,
+    );
+    // db holds a limit from an earlier cycle.
+    rig.decide(vec![decision(1, Knob::Rbps, Some(10 * MIB))]);
+    let delta = |cgroup: &str, op: u32, bytes: u64| KeyDelta {
+        key: IoKey {
+            cgroup_id: rig.host.ino(cgroup),
+            dev: DEV,
+            op,
+        },
+        ios: bytes / 4096,
+        bytes,
+        ..Default::default()
+    };
+    let snap = Snapshot {
+        cycle: 7,
+        interval_ns: 2_000_000_000,
+        deltas: vec![
+            delta("/batch/a", OP_READ, 4 * MIB),
+            delta("/batch/b", OP_READ, 2 * MIB),
+            delta("/batch/b", OP_WRITE, 8 * MIB),
+            delta("/other", OP_WRITE, 64 * MIB),
+        ],
+        ..Default::default()
+    };
+    let paths: HashMap<u64, String> = rig
+        .host
+        .cgroup_paths()
+        .into_iter()
+        .map(|p| (rig.host.ino(&p), p))
+        .collect();
+    let cycles = rig.controller.device_cycles(
+        &snap,
+        &|id| paths.get(&id).cloned(),
+        &ContainerTable::default(),
+        &|_| 0.5,
+    );
+    assert_eq!(cycles.len(), 1);
+    let d = &cycles[0];
+    assert_eq!(
+        (d.cycle, d.dev, d.interval_s, d.utilization),
+        (7, DEV, 2.0, 0.5)
+    );
+    let by_name: BTreeMap<&str, &crate::policy::ServiceLoad> =
+        d.services.iter().map(|s| (s.name.as_str(), s)).collect();
+    assert_eq!(by_name.keys().copied().collect::<Vec<_>>(), ["batch", "db"]);
+    let batch = by_name["batch"];
+    assert_eq!(
+        (batch.read_bps, batch.write_bps),
+        (3.0 * MIB as f64, 4.0 * MIB as f64)
+    );
+    assert_eq!(batch.read_iops, 6.0 * MIB as f64 / 4096.0 / 2.0);
+    let mut ids = vec![rig.host.ino("/batch/a"), rig.host.ino("/batch/b")];
+    ids.sort();
+    assert_eq!(batch.cgroup_ids, ids);
+    let db = by_name["db"];
+    assert_eq!((db.bps(), db.limit.rbps), (0.0, Some(10 * MIB)));
+    assert_eq!(db.changed_cycle, Some(1));
 }
