@@ -156,7 +156,7 @@ impl Controller {
                 };
                 let state = self.states.entry((dec.service, d.dev)).or_default();
                 events.extend(self.enforcement.limit(
-                    d.cycle,
+                    d,
                     self.policy.name(),
                     &spec.name,
                     self.membership.targets(dec.service),

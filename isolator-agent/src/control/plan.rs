@@ -11,7 +11,7 @@ use super::{membership::Target, report, DevState};
 use crate::{
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
-    policy::{Decision, Knob, MIN_CAP_BPS, MIN_CAP_IOPS},
+    policy::{Decision, DeviceCycle, Knob, MIN_CAP_BPS, MIN_CAP_IOPS},
 };
 
 /// A service's limit split evenly over its cgroups, never below the per-cgroup minimum
@@ -68,18 +68,18 @@ impl Enforcement {
         &self.enforcer
     }
 
-    /// Carries out one decision on a service's cgroups; `state` is the service's on the
-    /// decision's device. Returns the decision's event first, then its errors.
+    /// Carries out one decision on `d`'s device on a service's cgroups; `state` is the
+    /// service's there. Returns the decision's event first, then its errors.
     pub fn limit(
         &mut self,
-        cycle: u64,
+        d: &DeviceCycle,
         policy: &str,
         service: &str,
         targets: &[Target],
         state: &mut DevState,
         dec: Decision,
     ) -> Vec<Event> {
-        let dev = &format!("{}:{}", dev_major(dec.dev), dev_minor(dec.dev));
+        let dev = &format!("{}:{}", dev_major(d.dev), dev_minor(d.dev));
         let old = state.limit.get(dec.knob);
         if targets.is_empty() {
             if self.said.insert(format!("notargets:{service}")) {
@@ -92,7 +92,7 @@ impl Enforcement {
         let results = self.enforcer.apply_all(
             &cgroups,
             Setting::Limit {
-                dev: dec.dev,
+                dev: d.dev,
                 knob: dec.knob,
                 value: split.per_cgroup,
             },
@@ -127,7 +127,7 @@ impl Enforcement {
         if ok {
             state.limit.set(dec.knob, dec.to);
         }
-        state.changed_cycle = Some(cycle);
+        state.changed_cycle = Some(d.cycle);
         let text = |v: Option<u64>| v.map_or("max".to_string(), |v| v.to_string());
         let outcome = report::LimitOutcome {
             cgroups,
@@ -137,7 +137,7 @@ impl Enforcement {
             reason,
         };
         let mut events = vec![report::limit_decision(
-            cycle, policy, service, dev, dec, outcome,
+            d.cycle, policy, service, dev, dec, outcome,
         )];
         events.extend(errors);
         events
