@@ -1,7 +1,7 @@
 //! The control stage, one cycle as stages with one job each: which cgroups are whose
-//! ([`membership`]), what each service did on each device ([`measure`], the one aggregation
+//! (`membership`), what each service did on each device (`measure`, the one aggregation
 //! of the snapshot), what the policy decides on it (pure), and what is written where
-//! ([`plan`], through the enforcer); [`report`] builds the events that say why.
+//! (`plan`, through the enforcer); `report` builds the events that say why.
 
 mod measure;
 mod membership;

@@ -123,7 +123,8 @@ impl Enforcement {
         if let Some(note) = split.note {
             reason = format!("{reason}; {note}");
         }
-        // The recorded limit is what the cgroups hold: a rejected write leaves it as it was.
+        // The recorded limit follows a decision its cgroups took (a knob someone else took
+        // aside): after a rejected write it stays what they still hold.
         if ok {
             state.limit.set(dec.knob, dec.to);
         }

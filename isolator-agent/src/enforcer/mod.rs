@@ -3,6 +3,8 @@
 //! first write; every value the agent writes is journaled before it is written, so that at
 //! the end (stop, the next start after a crash, `isolator restore`) a knob is put back only
 //! if it still holds the agent's value: a value someone else set since is theirs and stays.
+//! Every file it touches (cgroupfs, sysfs) goes through [`CgroupFiles`] and [`BlockDevices`];
+//! the journal stays on real files in its own directory.
 
 #[cfg(test)]
 pub(crate) mod fake_host;
