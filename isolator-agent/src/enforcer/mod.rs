@@ -3,15 +3,18 @@
 //! first write; every value the agent writes is journaled before it is written, so that at
 //! the end (stop, the next start after a crash, `isolator restore`) a knob is put back only
 //! if it still holds the agent's value: a value someone else set since is theirs and stays.
+//! Every file it touches (cgroupfs, sysfs) goes through [`CgroupFiles`] and [`BlockDevices`];
+//! the journal stays on real files in its own directory.
 
+#[cfg(test)]
+pub(crate) mod fake_host;
+mod host_files;
 mod host_lock;
 mod journal;
 mod knob;
 
 use std::{
     collections::{HashMap, HashSet},
-    io::Write,
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -20,6 +23,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use self::{
+    host_files::{BlockDevices, CgroupFiles, HostCgroupFiles, PathEntry, SysfsBlockDevices},
     host_lock::HostLock,
     journal::{boot_id, Journal, JournalEntry, DEFAULT_JOURNAL_DIR},
     knob::KnobRef,
@@ -100,17 +104,10 @@ fn errno_name(e: &std::io::Error) -> String {
 }
 
 /// One write(2) of one line: the kernel applies or rejects it whole.
-fn write_line(file: &Path, line: &str) -> Result<(), EnforceError> {
-    // O_TRUNC as a shell's `>` does; kernfs ignores it. Knob files are never links.
-    let r = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(file)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    match r {
+fn write_line(files: &dyn CgroupFiles, file: &Path, line: &str) -> Result<(), EnforceError> {
+    match files.write(file, line) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(missing(file)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(missing(files, file)),
         Err(e) => Err(EnforceError::Rejected {
             file: file.to_path_buf(),
             line: line.trim().to_string(),
@@ -128,9 +125,9 @@ fn write_line(file: &Path, line: &str) -> Result<(), EnforceError> {
 }
 
 /// A knob file that is not there: its cgroup is gone, or the kernel does not offer it.
-fn missing(file: &Path) -> EnforceError {
+fn missing(files: &dyn CgroupFiles, file: &Path) -> EnforceError {
     let dir = file.parent().unwrap_or(file).to_path_buf();
-    if dir.exists() {
+    if files.inode(&dir).is_some() {
         EnforceError::Unavailable(
             file.to_path_buf(),
             "no such file".into(),
@@ -141,10 +138,10 @@ fn missing(file: &Path) -> EnforceError {
     }
 }
 
-fn read_file(file: &Path) -> Result<String, EnforceError> {
-    std::fs::read_to_string(file).map_err(|e| {
+fn read_file(files: &dyn CgroupFiles, file: &Path) -> Result<String, EnforceError> {
+    files.read(file).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            missing(file)
+            missing(files, file)
         } else {
             EnforceError::Read(file.to_path_buf(), e)
         }
@@ -186,6 +183,8 @@ pub struct Enforcer {
     /// Knobs (cgroup inode, knob) someone else changed while the agent held them: theirs,
     /// never written again by this run.
     yielded: HashSet<(u64, KnobRef)>,
+    files: Box<dyn CgroupFiles>,
+    devices: Box<dyn BlockDevices>,
     /// Held while enforcing; released only after [`Drop`] restored what is left.
     _host: Option<HostLock>,
 }
@@ -198,8 +197,26 @@ impl Enforcer {
             dry_run: journal.is_none(),
             journal,
             yielded: HashSet::new(),
+            files: Box::new(HostCgroupFiles),
+            devices: Box::new(SysfsBlockDevices),
             _host: None,
         }
+    }
+
+    /// The same enforcer on other host files (an in-memory host, for tests).
+    pub fn with_host_files(
+        mut self,
+        files: Box<dyn CgroupFiles>,
+        devices: Box<dyn BlockDevices>,
+    ) -> Enforcer {
+        self.files = files;
+        self.devices = devices;
+        self
+    }
+
+    /// The cgroup files this enforcer reads and writes.
+    pub fn files(&self) -> &dyn CgroupFiles {
+        self.files.as_ref()
     }
 
     /// Holds the host's enforcement lock for as long as this enforcer lives.
@@ -238,8 +255,7 @@ impl Enforcer {
         s: Setting,
     ) -> Vec<Result<Change, EnforceError>> {
         if let Setting::Limit { dev, .. } = s {
-            let part = PathBuf::from(format!("/sys/dev/block/{}/partition", dev_str(dev)));
-            if part.exists() {
+            if self.devices.is_partition(&dev_str(dev)) {
                 return cgroups
                     .iter()
                     .map(|_| Err(EnforceError::Partition { dev: dev_str(dev) }))
@@ -255,9 +271,11 @@ impl Enforcer {
         for (slot, rel) in cgroups.iter().enumerate() {
             let dir = self.hierarchy.dir_of(rel);
             let file = knob.path_in(&dir);
-            let read = std::fs::metadata(&dir)
-                .map_err(|_| EnforceError::CgroupGone(dir.clone()))
-                .and_then(|m| Ok((m.ino(), knob.parse(&read_file(&file)?))));
+            let read = self
+                .files
+                .inode(&dir)
+                .ok_or_else(|| EnforceError::CgroupGone(dir.clone()))
+                .and_then(|ino| Ok((ino, knob.parse(&read_file(self.files.as_ref(), &file)?))));
             let (ino, current) = match read {
                 Ok(v) => v,
                 Err(e) => {
@@ -348,7 +366,7 @@ impl Enforcer {
         }
         let mut closed = false;
         for p in planned {
-            if let Err(e) = write_line(&p.file, &line) {
+            if let Err(e) = write_line(self.files.as_ref(), &p.file, &line) {
                 results[p.slot] = Err(e);
                 continue;
             }
@@ -390,14 +408,11 @@ impl Enforcer {
             ));
         }
         let dir = self.hierarchy.dir_of(rel);
-        let at_path = std::fs::symlink_metadata(&dir).ok();
-        if at_path
-            .as_ref()
-            .is_some_and(|m| m.is_dir() && m.ino() == e.cgroup_ino)
-        {
+        let at_path = self.files.entry(&dir);
+        if at_path.is_some_and(|m| m.is_dir && m.ino == e.cgroup_ino) {
             return self.within_root(dir);
         }
-        let live = walk.get_or_insert_with(|| self.hierarchy.scan());
+        let live = walk.get_or_insert_with(|| self.files.scan(&self.hierarchy));
         match live.get(&e.cgroup_ino) {
             Some(p) => self.within_root(self.hierarchy.dir_of(p)),
             None if at_path.is_some() => Located::Recreated,
@@ -407,8 +422,8 @@ impl Enforcer {
 
     /// Only files below the hierarchy's root are ever written back.
     fn within_root(&self, dir: PathBuf) -> Located {
-        let root = self.hierarchy.root.canonicalize();
-        match (dir.canonicalize(), root) {
+        let root = self.files.canonicalize(&self.hierarchy.root);
+        match (self.files.canonicalize(&dir), root) {
             (Ok(d), Ok(r)) if d.starts_with(&r) => Located::At(d),
             (Ok(d), _) => Located::Refused(format!(
                 "{} is outside the cgroup hierarchy {}",
@@ -445,11 +460,11 @@ impl Enforcer {
             (restored(e, &file, result.to_string(), current), false)
         };
         if let Some(dev) = &e.knob.dev {
-            if !Path::new(&format!("/sys/dev/block/{dev}")).exists() {
+            if !self.devices.exists(dev) {
                 return done("device_gone", None);
             }
         }
-        let current = match read_file(&file) {
+        let current = match read_file(self.files.as_ref(), &file) {
             Ok(t) => e.knob.parse(&t),
             Err(EnforceError::CgroupGone(_)) => return done("gone", None),
             // The knob file itself left (bfq switched off): no limit of ours is in force.
@@ -472,7 +487,7 @@ impl Enforcer {
                 None,
             );
         };
-        match write_line(&file, &line) {
+        match write_line(self.files.as_ref(), &file, &line) {
             Ok(()) => done("restored", None),
             Err(EnforceError::CgroupGone(_)) => done("gone", None),
             Err(EnforceError::Rejected { ref errno, .. }) if errno == "ENODEV" => {
@@ -588,6 +603,8 @@ fn restored(e: &JournalEntry, file: &Path, result: String, current: Option<Strin
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::MetadataExt;
+
     use super::*;
 
     /// A fake hierarchy in a private scratch directory, with one cgroup "/cg".

@@ -7,7 +7,7 @@ mod pine;
 mod slae;
 
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 
 use serde::{Deserialize, Serialize};
 

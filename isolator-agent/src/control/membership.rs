@@ -1,0 +1,328 @@
+//! Which cgroup belongs to which service: the config's services (ids 0..n) and those running
+//! containers declare in their `isolator.*` labels (ids from n on, never reused), what
+//! became of each label SLO, and the cgroup directories each service's limits go on.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::report;
+use crate::{
+    config::{Config, Matcher, Owner, ServiceSpec},
+    docker::ContainerTable,
+    events::Event,
+    labels,
+    naming::ServiceKind,
+    policy::ServiceId,
+};
+
+/// A cgroup directory a service's limits go on, with its inode: a container that restarts
+/// gets a new cgroup at the same path, which carries none of the old limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Target {
+    pub path: String,
+    pub ino: u64,
+}
+
+/// A service declared by a container's `isolator.*` labels.
+struct LabelService {
+    container_id: String,
+    spec: ServiceSpec,
+}
+
+/// What a [`Membership::rematch`] changed, for the rest of the controller to follow.
+#[derive(Default)]
+pub(super) struct Rematch {
+    /// What became of label SLOs, each said once.
+    pub events: Vec<Event>,
+    /// Services whose cgroups left them, vanished or were re-created, or that are gone:
+    /// they start over.
+    pub restarted: Vec<ServiceId>,
+    /// Inodes of the cgroups that left a service: their knobs are given back.
+    pub released: Vec<u64>,
+    /// Label services that just appeared (their weights are due).
+    pub new_label_services: Vec<ServiceId>,
+}
+
+pub(super) struct Membership {
+    /// Services of the config file, ids 0..n.
+    config: Config,
+    /// Services declared by container labels, ids from n on, never reused.
+    labelled: BTreeMap<ServiceId, LabelService>,
+    next_label_id: ServiceId,
+    /// cgroup id -> service (None: unconfigured), cached per id.
+    of_cgroup: HashMap<u64, Option<ServiceId>>,
+    /// service -> the cgroup directories its matchers take (where limits are written).
+    targets: HashMap<ServiceId, Vec<Target>>,
+    /// Label outcomes already said, so a lasting one is said once.
+    said: HashSet<String>,
+}
+
+impl Membership {
+    pub fn new(config: Config) -> Membership {
+        Membership {
+            next_label_id: config.services.len(),
+            config,
+            labelled: BTreeMap::new(),
+            of_cgroup: HashMap::new(),
+            targets: HashMap::new(),
+            said: HashSet::new(),
+        }
+    }
+
+    pub fn spec(&self, sid: ServiceId) -> Option<&ServiceSpec> {
+        self.config
+            .services
+            .get(sid)
+            .or_else(|| Some(&self.labelled.get(&sid)?.spec))
+    }
+
+    /// Every service, config first (its services win a cgroup over labels).
+    fn specs(&self) -> impl Iterator<Item = (ServiceId, &ServiceSpec)> {
+        self.config
+            .services
+            .iter()
+            .enumerate()
+            .chain(self.labelled.iter().map(|(&id, l)| (id, &l.spec)))
+    }
+
+    /// The config's services' ids.
+    pub fn config_services(&self) -> std::ops::Range<ServiceId> {
+        0..self.config.services.len()
+    }
+
+    /// The cgroup directories a service's limits go on.
+    pub fn targets(&self, sid: ServiceId) -> &[Target] {
+        self.targets.get(&sid).map_or(&[], Vec::as_slice)
+    }
+
+    #[cfg(test)]
+    pub fn label_service_ids(&self) -> Vec<ServiceId> {
+        self.labelled.keys().copied().collect()
+    }
+
+    #[cfg(test)]
+    pub fn services_with_targets(&self) -> Vec<ServiceId> {
+        self.targets.keys().copied().collect()
+    }
+
+    /// A cgroup belongs to the service that matches it or its nearest ancestor.
+    fn service_of_path(&self, path: &str, containers: &ContainerTable) -> Option<ServiceId> {
+        let mut p = path.to_string();
+        loop {
+            if let Some((sid, _)) = self.specs().find(|(_, s)| s.matches(&p, containers)) {
+                return Some(sid);
+            }
+            match p.rfind('/') {
+                Some(0) | None => return None,
+                Some(i) => p.truncate(i),
+            }
+        }
+    }
+
+    /// The service a cgroup (`id`, at `path` when known) belongs to, cached until the next
+    /// rematch.
+    pub fn service_of(
+        &mut self,
+        id: u64,
+        path: Option<&str>,
+        containers: &ContainerTable,
+    ) -> Option<ServiceId> {
+        if let Some(&s) = self.of_cgroup.get(&id) {
+            return s;
+        }
+        let s = path.and_then(|p| self.service_of_path(p, containers));
+        self.of_cgroup.insert(id, s);
+        s
+    }
+
+    /// Follows the cgroups that exist (`all_paths`, a fresh walk; `ino` gives a cgroup's
+    /// inode, 0 when gone) and what Docker says of containers: label services come and go,
+    /// and each service's targets are re-matched.
+    pub fn rematch(
+        &mut self,
+        all_paths: &[String],
+        containers: &ContainerTable,
+        ino: &dyn Fn(&str) -> u64,
+    ) -> Rematch {
+        // Each cgroup is named once, then matched against every service.
+        let owners: Vec<Owner> = all_paths.iter().map(|p| Owner::of(p, containers)).collect();
+        let events = self.sync_label_services(&owners, containers);
+        let new_targets: HashMap<ServiceId, Vec<Target>> = self
+            .specs()
+            .map(|(sid, s)| {
+                let mut t: Vec<Target> = owners
+                    .iter()
+                    .filter(|o| s.matches_owner(o))
+                    .map(|o| Target {
+                        path: o.path.to_string(),
+                        ino: ino(o.path),
+                    })
+                    .collect();
+                // In path order, whatever order the walk found them in: a decision's
+                // cgroups read the same every time.
+                t.sort_by(|a, b| a.path.cmp(&b.path));
+                (sid, t)
+            })
+            .collect();
+        let mut out = Rematch {
+            events,
+            ..Default::default()
+        };
+        for (sid, old) in &self.targets {
+            let new = new_targets.get(sid);
+            // A cgroup renamed within the service (same inode) is not lost.
+            let lost: Vec<&Target> = old
+                .iter()
+                .filter(|t| new.is_none_or(|n| !n.iter().any(|n| n.ino == t.ino)))
+                .collect();
+            // A service that is gone (a label service let go) starts over too.
+            if lost.is_empty() && new.is_some() {
+                continue;
+            }
+            out.released.extend(lost.iter().map(|t| t.ino));
+            out.restarted.push(*sid);
+        }
+        out.new_label_services = new_targets
+            .keys()
+            .filter(|sid| !self.targets.contains_key(sid))
+            .filter(|&&sid| !self.config_services().contains(&sid))
+            .copied()
+            .collect();
+        out.new_label_services.sort_unstable();
+        self.targets = new_targets;
+        self.of_cgroup.clear();
+        out
+    }
+
+    /// Adds a service per labelled running container, unless the config claims its cgroup
+    /// (the config wins, and says so); drops those whose container stopped or lost its
+    /// labels (their state goes with their targets, in [`Membership::rematch`]). Every
+    /// outcome is an event, said once.
+    fn sync_label_services(&mut self, owners: &[Owner], containers: &ContainerTable) -> Vec<Event> {
+        let mut events = vec![];
+        // Containers with a cgroup now.
+        let running: HashMap<&str, &Owner> = owners
+            .iter()
+            .filter(|o| o.named.kind == ServiceKind::Container)
+            .filter_map(|o| Some((o.named.id.as_deref()?, o)))
+            .collect();
+        let mut wanted: HashMap<&str, ServiceSpec> = HashMap::new();
+        for c in containers.iter() {
+            let labels = match labels::slo_from_labels(&c.labels, &self.config.labels) {
+                Ok(Some(slo)) => slo,
+                Ok(None) => continue,
+                Err(e) => {
+                    let label = format!("{}={}", e.label, e.value);
+                    if self.said.insert(format!("label:{}:{label}", c.id)) {
+                        let message = format!(
+                            "container '{}': {e}; the container is treated as unconfigured",
+                            c.name
+                        );
+                        events.push(report::label_slo(
+                            "invalid",
+                            &c.name,
+                            &c.id,
+                            None,
+                            Some(label),
+                            message,
+                        ));
+                    }
+                    continue;
+                }
+            };
+            // Docker says a container stopped before its cgroup is gone: its word first.
+            let Some(&owner) = running.get(c.id.as_str()).filter(|_| c.running) else {
+                continue;
+            };
+            if let Some(claimed) = self.config.services.iter().find(|s| s.matches_owner(owner)) {
+                if self.said.insert(format!("overridden:{}", c.id)) {
+                    let message = format!(
+                        "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
+                        c.name,
+                        labels.class.describe(),
+                        claimed.name,
+                        claimed.line
+                    );
+                    events.push(report::label_slo(
+                        "overridden",
+                        &c.name,
+                        &c.id,
+                        Some(claimed),
+                        None,
+                        message,
+                    ));
+                }
+                continue;
+            }
+            let spec = ServiceSpec {
+                name: c.name.clone(),
+                matchers: vec![Matcher::Container(
+                    glob::Pattern::new(&glob::Pattern::escape(&c.id))
+                        .expect("an escaped id is a valid glob"),
+                )],
+                class: labels.class,
+                floor: labels.floor,
+                ceiling: labels.ceiling,
+                weight: labels.weight,
+                line: 0,
+                match_line: 0,
+            };
+            wanted.insert(&c.id, spec);
+        }
+        // Gone or changed: released (a changed one comes back below with a new id).
+        let stale: Vec<ServiceId> = self
+            .labelled
+            .iter()
+            .filter(|(_, l)| wanted.get(l.container_id.as_str()) != Some(&l.spec))
+            .map(|(&id, _)| id)
+            .collect();
+        for sid in stale {
+            let l = self.labelled.remove(&sid).expect("listed above");
+            let container = containers
+                .get(&l.container_id)
+                .map_or(l.spec.name.as_str(), |c| c.name.as_str());
+            let message = format!(
+                "service '{}' let go: its container stopped or its labels changed",
+                l.spec.name
+            );
+            events.push(report::label_slo(
+                "released",
+                container,
+                &l.container_id,
+                Some(&l.spec),
+                None,
+                message,
+            ));
+        }
+        let have: HashSet<&str> = self
+            .labelled
+            .values()
+            .map(|l| l.container_id.as_str())
+            .collect();
+        let mut new: Vec<(&str, ServiceSpec)> = wanted
+            .into_iter()
+            .filter(|(id, _)| !have.contains(id))
+            .collect();
+        new.sort_by(|a, b| a.0.cmp(b.0));
+        for (container_id, spec) in new {
+            let message = format!(
+                "container '{}' governed by its labels: {}",
+                spec.name,
+                spec.class.describe()
+            );
+            events.push(report::label_slo(
+                "applied",
+                &spec.name,
+                container_id,
+                Some(&spec),
+                None,
+                message,
+            ));
+            let sid = self.next_label_id;
+            self.next_label_id += 1;
+            let container_id = container_id.to_string();
+            self.labelled
+                .insert(sid, LabelService { container_id, spec });
+        }
+        events
+    }
+}

@@ -1,0 +1,194 @@
+//! The control stage, one cycle as stages with one job each: which cgroups are whose
+//! (`membership`), what each service did on each device (`measure`, the one aggregation
+//! of the snapshot), what the policy decides on it (pure), and what is written where
+//! (`plan`, through the enforcer); `report` builds the events that say why.
+
+mod measure;
+mod membership;
+mod plan;
+mod report;
+
+use std::collections::HashMap;
+
+use isolator_common::{dev_major, dev_minor};
+
+use self::{membership::Membership, plan::Enforcement};
+use crate::{
+    cgroupfs::IoHierarchy,
+    collector::Snapshot,
+    config::Config,
+    docker::ContainerTable,
+    enforcer::Enforcer,
+    events::Event,
+    policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId},
+};
+
+/// What the controller remembers of a service on a device.
+#[derive(Debug, Default, Clone)]
+struct DevState {
+    /// The service's limit as a whole, as last decided and taken by its cgroups: a write
+    /// they rejected leaves the one before.
+    limit: IoMaxLimit,
+    /// The cycle of the last decision on it, taken or not.
+    changed_cycle: Option<u64>,
+    violating: bool,
+}
+
+/// By (service, device).
+type ServiceStates = HashMap<(ServiceId, u32), DevState>;
+
+pub struct Controller {
+    membership: Membership,
+    policy: Box<dyn Policy>,
+    enforcement: Enforcement,
+    states: ServiceStates,
+    /// Services the policy forgot since the last policy input was recorded.
+    forgotten: Vec<ServiceId>,
+}
+
+impl Controller {
+    pub fn new(config: Config, policy: Box<dyn Policy>, enforcer: Enforcer) -> Controller {
+        Controller {
+            membership: Membership::new(config),
+            policy,
+            enforcement: Enforcement::new(enforcer),
+            states: HashMap::new(),
+            forgotten: Vec::new(),
+        }
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Follows the cgroups that exist (`all_paths`, a fresh walk) and what Docker says of
+    /// containers: label services come and go, each service's targets are re-matched, and a
+    /// service whose cgroups left it, vanished or were re-created starts over (its journal
+    /// entries for vanished cgroups are closed: nothing is left to restore there).
+    pub fn refresh(
+        &mut self,
+        hierarchy: &IoHierarchy,
+        all_paths: &[String],
+        containers: &ContainerTable,
+        cycle: u64,
+    ) -> Vec<Event> {
+        let files = self.enforcement.enforcer().files();
+        let ino = |p: &str| files.inode(&hierarchy.dir_of(p)).unwrap_or(0);
+        let rematch = self.membership.rematch(all_paths, containers, &ino);
+        let mut events = rematch.events;
+        // Whatever left a service gets its knobs back where it still exists (renamed away,
+        // no longer matched), and its journal entries closed where it does not: all in one
+        // pass over the journal, however many cgroups went at once.
+        events.extend(self.enforcement.release(&rematch.released));
+        for sid in rematch.restarted {
+            self.states.retain(|&(s, _), _| s != sid);
+            self.policy.forget_service(sid);
+            self.forgotten.push(sid);
+        }
+        // Weights of label services that just appeared (config ones are set at start).
+        for sid in rematch.new_label_services {
+            events.extend(self.apply_weight(sid, cycle));
+        }
+        events
+    }
+
+    /// Writes configured weights once, at start.
+    pub fn apply_weights(&mut self, cycle: u64) -> Vec<Event> {
+        self.membership
+            .config_services()
+            .flat_map(|sid| self.apply_weight(sid, cycle))
+            .collect()
+    }
+
+    fn apply_weight(&mut self, sid: ServiceId, cycle: u64) -> Vec<Event> {
+        let Some(s) = self.membership.spec(sid) else {
+            return vec![];
+        };
+        let Some(w) = s.weight else {
+            return vec![];
+        };
+        self.enforcement
+            .weight(cycle, &s.name, self.membership.targets(sid), w)
+    }
+
+    /// Per (service, device) stats of this cycle; `utilization` gives a disk's busy
+    /// fraction over the cycle.
+    pub fn device_cycles(
+        &mut self,
+        snap: &Snapshot,
+        path_of: &dyn Fn(u64) -> Option<String>,
+        containers: &ContainerTable,
+        utilization: &dyn Fn(u32) -> f64,
+    ) -> Vec<DeviceCycle> {
+        let membership = &mut self.membership;
+        let io = measure::aggregate(
+            snap,
+            &mut |id| membership.service_of(id, path_of(id).as_deref(), containers),
+            &self.states,
+        );
+        measure::device_cycles(snap, io, &self.membership, &self.states, utilization)
+    }
+
+    /// The policy's whole input this cycle, for the record (`policy_input`): what it
+    /// forgot since the last record, and the device cycles.
+    pub fn policy_input(&mut self, cycle: u64, devices: &[DeviceCycle]) -> Option<Event> {
+        if devices.is_empty() && self.forgotten.is_empty() {
+            return None;
+        }
+        Some(Event::PolicyInput(crate::events::PolicyInput {
+            cycle,
+            forgotten_services: std::mem::take(&mut self.forgotten),
+            devices: devices.to_vec(),
+        }))
+    }
+
+    /// Runs the policy on each device and enforces its decisions; returns the events.
+    pub fn step(
+        &mut self,
+        cycles: &[DeviceCycle],
+        disk_name: &mut dyn FnMut(u32) -> Option<String>,
+    ) -> Vec<Event> {
+        let mut events = vec![];
+        for d in cycles {
+            let dev = format!("{}:{}", dev_major(d.dev), dev_minor(d.dev));
+            for s in &d.services {
+                events.push(report::service_stats(d, s, &dev, disk_name(d.dev)));
+                let st = self.states.entry((s.id, d.dev)).or_default();
+                let now = s.violating();
+                if now != st.violating {
+                    st.violating = now;
+                    events.push(report::violation(d, s, &dev, now));
+                }
+                // Nothing to remember for an idle service the agent never limited.
+                if st.changed_cycle.is_none() && s.samples == 0 && s.bps() == 0.0 {
+                    self.states.remove(&(s.id, d.dev));
+                }
+            }
+            let mut decisions = crate::policy::ceilings(d);
+            decisions.extend(self.policy.decide(d));
+            for dec in decisions {
+                let Some(spec) = self.membership.spec(dec.service) else {
+                    continue;
+                };
+                let state = self.states.entry((dec.service, d.dev)).or_default();
+                events.extend(self.enforcement.limit(
+                    d,
+                    self.policy.name(),
+                    &spec.name,
+                    self.membership.targets(dec.service),
+                    state,
+                    dec,
+                ));
+            }
+        }
+        events
+    }
+
+    /// Puts back every knob this agent changed; one event per knob.
+    pub fn restore_all(&mut self, reason: &str) -> Vec<Event> {
+        self.enforcement.restore_all(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,195 @@
+//! The events the control stage says, one small function per kind: what a label SLO came
+//! to, a service's cycle, a violation starting or ending, a limit or weight decided, and a
+//! lasting error.
+
+use crate::{
+    config::ServiceSpec,
+    enforcer::EnforceError,
+    events::{Event, LabelSloInfo, ViolationInfo},
+    metrics::{log2_histogram, percentile},
+    policy::{Decision, DeviceCycle, ServiceLoad},
+};
+
+/// A `label_slo` event; its service and SLO come from `service`.
+pub(super) fn label_slo(
+    outcome: &str,
+    container: &str,
+    container_id: &str,
+    service: Option<&ServiceSpec>,
+    label: Option<String>,
+    message: String,
+) -> Event {
+    Event::LabelSlo(LabelSloInfo {
+        outcome: outcome.into(),
+        container: container.into(),
+        container_id: container_id.into(),
+        service: service.map(|s| s.name.clone()),
+        slo: service.map(|s| s.class),
+        label,
+        message,
+    })
+}
+
+/// One service on one device this cycle; `dev` is "major:minor", `disk` its kernel name.
+pub(super) fn service_stats(
+    d: &DeviceCycle,
+    s: &ServiceLoad,
+    dev: &str,
+    disk: Option<String>,
+) -> Event {
+    let state = if s.violating() {
+        "violating"
+    } else if !s.limit.is_unlimited() {
+        "throttled"
+    } else {
+        "ok"
+    };
+    Event::ServiceStats(crate::events::ServiceStats {
+        cycle: d.cycle,
+        service: s.name.clone(),
+        slo: s.class,
+        dev: dev.to_string(),
+        disk,
+        state: state.into(),
+        p50_ns: percentile(&s.latency_hist, s.samples, 0.50),
+        p999_ns: s.p999_ns,
+        samples: s.samples,
+        latency_log2: log2_histogram(&s.latency_hist),
+        cgroups: s.cgroup_ids.clone(),
+        mean_latency_ns: s.mean_latency_ns.map(|v| v as u64),
+        read_mbps: s.read_bps / 1e6,
+        write_mbps: s.write_bps / 1e6,
+        iops: s.iops(),
+        mean_inflight: s.mean_inflight,
+        peak_inflight: s.peak_inflight,
+        vio: s.vio(),
+        th_dif_mbps: s.th_dif().map(|v| v / 1e6),
+        share: d.share(s.id),
+        utilization: d.utilization,
+        limit: s.limit,
+    })
+}
+
+/// A service started (`started`) or stopped violating its SLO on a device.
+pub(super) fn violation(d: &DeviceCycle, s: &ServiceLoad, dev: &str, started: bool) -> Event {
+    let info = ViolationInfo {
+        cycle: d.cycle,
+        service: s.name.clone(),
+        dev: dev.to_string(),
+        p999_ns: s.judged_p999(),
+        slo: s.class,
+        vio: s.vio(),
+        rate_bps: s.bps(),
+    };
+    if started {
+        Event::ViolationStart(info)
+    } else {
+        Event::ViolationEnd(info)
+    }
+}
+
+/// What a limit decision came to on the service's cgroups.
+pub(super) struct LimitOutcome {
+    pub cgroups: Vec<String>,
+    /// The knob's value before and after, as the first cgroup written showed them.
+    pub old: String,
+    pub new: String,
+    pub applied: bool,
+    /// The policy's reason, with what the split added.
+    pub reason: String,
+}
+
+/// A limit the policy (or a configured ceiling) set on a device.
+pub(super) fn limit_decision(
+    cycle: u64,
+    policy: &str,
+    service: &str,
+    dev: &str,
+    dec: Decision,
+    outcome: LimitOutcome,
+) -> Event {
+    Event::Decision(crate::events::Decision {
+        cycle,
+        policy: policy.into(),
+        service: service.into(),
+        cgroups: outcome.cgroups,
+        dev: Some(dev.to_string()),
+        knob: dec.knob.name().into(),
+        old: outcome.old,
+        new: outcome.new,
+        applied: outcome.applied,
+        reason: outcome.reason,
+        decided: Some(dec.to.into()),
+        cause: Some(dec.cause),
+    })
+}
+
+/// A configured weight written on one cgroup.
+pub(super) fn weight_decision(
+    cycle: u64,
+    service: &str,
+    cgroup: &str,
+    old: String,
+    new: String,
+    applied: bool,
+) -> Event {
+    Event::Decision(crate::events::Decision {
+        cycle,
+        policy: "config".into(),
+        service: service.into(),
+        cgroups: vec![cgroup.to_string()],
+        dev: None,
+        knob: "weight".into(),
+        old,
+        new,
+        applied,
+        reason: "configured weight".into(),
+        decided: None,
+        cause: None,
+    })
+}
+
+pub(super) fn weight_rejected(service: &str, cgroup: &str, e: &EnforceError) -> Event {
+    error(
+        "write_rejected",
+        format!("weight of service '{service}' on {cgroup}: {e}"),
+    )
+}
+
+/// A limit the enforcer could not write on one of the service's cgroups.
+pub(super) fn limit_failed(
+    service: &str,
+    cgroup: &str,
+    dev: &str,
+    dec: &Decision,
+    e: &EnforceError,
+) -> Event {
+    let code = match e {
+        EnforceError::CgroupGone(_) => "cgroup_gone",
+        EnforceError::Journal { .. } => "journal",
+        EnforceError::Partition { .. } => "partition",
+        EnforceError::ChangedByOther { .. } => "changed_by_other",
+        _ => "write_rejected",
+    };
+    error(
+        code,
+        format!(
+            "service '{service}', cgroup {cgroup}, {dev} {}: {e}",
+            dec.knob.name()
+        ),
+    )
+}
+
+pub(super) fn no_cgroup(service: &str) -> Event {
+    error(
+        "no_cgroup",
+        format!("service '{service}' matches no cgroup any more; nothing to throttle"),
+    )
+}
+
+fn error(code: &str, message: String) -> Event {
+    Event::Error(crate::events::Notice {
+        code: code.into(),
+        message,
+    })
+}

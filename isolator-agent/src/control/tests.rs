@@ -1,0 +1,710 @@
+use super::*;
+use crate::{
+    cgroupfs::CgroupMode,
+    docker::{ContainerInfo, DockerUpdate},
+};
+
+fn outcomes(events: &[Event]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::LabelSlo(l) => Some((l.outcome.clone(), l.container.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn label_services_follow_what_docker_says() {
+    // A dry-run controller over a hierarchy that does not exist: nothing is written.
+    let hierarchy = IoHierarchy {
+        mode: CgroupMode::V1,
+        root: "/nonexistent-isolator-test".into(),
+        io_enabled: true,
+    };
+    let config = Config::parse(
+        "c.toml",
+        "[[service]]\nname='web'\ncontainer='web'\nclass='best-effort'\n",
+    )
+    .unwrap();
+    let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
+    let mut c = Controller::new(config, policy, Enforcer::new(hierarchy.clone(), None));
+    let id = |n: u8| format!("{n:064x}");
+    let info = |n: u8, name: &str, labels: &[(&str, &str)], running: bool| ContainerInfo {
+        id: id(n),
+        name: name.into(),
+        image: "img".into(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        running,
+    };
+    let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];
+    let mut table = ContainerTable::default();
+    table.apply(&DockerUpdate::Connected {
+        api_version: "1.41".into(),
+        containers: vec![
+            info(1, "db", &slo, true),
+            info(2, "web", &slo, true),
+            info(3, "bad", &[("isolator.class", "fast")], true),
+        ],
+    });
+    let paths: Vec<String> = (1..=3).map(|n| format!("/docker/{}", id(n))).collect();
+    let ev = c.refresh(&hierarchy, &paths, &table, 1);
+    let mut got = outcomes(&ev);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("applied".to_string(), "db".to_string()),
+            ("invalid".into(), "bad".into()),
+            ("overridden".into(), "web".into()),
+        ]
+    );
+    // Said once: the same refresh again says nothing.
+    assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
+
+    // Docker says db stopped while its cgroup is still there: let go now.
+    table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, false)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 3);
+    assert_eq!(outcomes(&ev), [("released".to_string(), "db".to_string())]);
+    assert!(c.membership.label_service_ids().is_empty());
+    assert!(
+        c.membership.services_with_targets().iter().all(|&s| s < 1),
+        "only 'web' left"
+    );
+
+    // Started again: a new service (ids are never reused).
+    table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, true)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 4);
+    assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
+    assert_eq!(c.membership.label_service_ids(), [2]);
+}
+
+// --- Planning and enforcement on an in-memory host (no root, no real cgroups). ---
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use isolator_common::kernel_dev;
+
+use crate::{
+    enforcer::{fake_host::FakeHost, Journal},
+    policy::{Cause, Decision, Knob},
+};
+
+const DEV: u32 = kernel_dev(8, 0);
+
+/// A policy that decides what the test tells it to, and notes whom it forgot.
+#[derive(Clone, Default)]
+struct Scripted {
+    next: Arc<Mutex<Vec<Decision>>>,
+    forgotten: Arc<Mutex<Vec<ServiceId>>>,
+}
+
+impl Policy for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
+        let mut next = self.next.lock().unwrap();
+        let (now, later) = next.drain(..).partition(|x| x.dev == d.dev);
+        *next = later;
+        now
+    }
+    fn forget_service(&mut self, id: ServiceId) {
+        self.forgotten.lock().unwrap().push(id);
+    }
+}
+
+/// A private scratch directory for a journal, removed at the end.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> ScratchDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "isolator-control-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A controller on a fake host, with a scripted policy.
+struct Rig {
+    // Dropped first: an enforcer that still holds limits restores them on drop.
+    controller: Controller,
+    host: FakeHost,
+    policy: Scripted,
+    _journal: Option<ScratchDir>,
+    cycle: u64,
+}
+
+enum Run {
+    Enforcing,
+    DryRun,
+}
+
+impl Rig {
+    /// `cgroups` exist on the host before the first refresh.
+    fn new(mode: CgroupMode, config: &str, cgroups: &[&str], run: Run) -> Rig {
+        Rig::with_policy(mode, config, cgroups, run, None)
+    }
+
+    fn with_policy(
+        mode: CgroupMode,
+        config: &str,
+        cgroups: &[&str],
+        run: Run,
+        policy: Option<Box<dyn Policy>>,
+    ) -> Rig {
+        let host = FakeHost::new(mode);
+        for c in cgroups {
+            host.add_cgroup(c);
+        }
+        let (journal, dir) = match run {
+            Run::Enforcing => {
+                let dir = ScratchDir::new();
+                (Some(Journal::open(&dir.0).unwrap()), Some(dir))
+            }
+            Run::DryRun => (None, None),
+        };
+        let enforcer = Enforcer::new(host.hierarchy(), journal)
+            .with_host_files(Box::new(host.clone()), Box::new(host.clone()));
+        let scripted = Scripted::default();
+        let policy = policy.unwrap_or_else(|| Box::new(scripted.clone()));
+        let config = Config::parse("c.toml", config).unwrap();
+        let mut rig = Rig {
+            controller: Controller::new(config, policy, enforcer),
+            host,
+            policy: scripted,
+            _journal: dir,
+            cycle: 0,
+        };
+        rig.refresh();
+        rig
+    }
+
+    fn refresh(&mut self) -> Vec<Event> {
+        let paths = self.host.cgroup_paths();
+        let hierarchy = self.host.hierarchy();
+        let containers = ContainerTable::default();
+        self.controller
+            .refresh(&hierarchy, &paths, &containers, self.cycle)
+    }
+
+    /// One cycle on DEV in which the policy decides `decisions`.
+    fn decide(&mut self, decisions: Vec<Decision>) -> Vec<Event> {
+        self.cycle += 1;
+        *self.policy.next.lock().unwrap() = decisions;
+        let idle = DeviceCycle {
+            cycle: self.cycle,
+            dev: DEV,
+            interval_s: 1.0,
+            utilization: 0.0,
+            services: vec![],
+        };
+        self.controller.step(&[idle], &mut |_| None)
+    }
+
+    /// The limit the controller has recorded for a service on DEV.
+    fn recorded(&self, sid: ServiceId) -> IoMaxLimit {
+        self.controller
+            .states
+            .get(&(sid, DEV))
+            .map(|s| s.limit)
+            .unwrap_or_default()
+    }
+
+    fn journal_len(&self) -> usize {
+        self.controller
+            .enforcement
+            .enforcer()
+            .journal_entries()
+            .len()
+    }
+}
+
+fn decision(service: ServiceId, knob: Knob, to: Option<u64>) -> Decision {
+    Decision {
+        service,
+        dev: DEV,
+        knob,
+        to,
+        reason: "test".into(),
+        cause: Cause::default(),
+    }
+}
+
+/// The event as its JSON object.
+fn json(e: &Event) -> serde_json::Value {
+    serde_json::to_value(e).unwrap()
+}
+
+fn of_type(events: &[Event], ty: &str) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .map(json)
+        .filter(|v| v["type"] == ty)
+        .collect()
+}
+
+fn error_codes(events: &[Event]) -> Vec<String> {
+    of_type(events, "error")
+        .iter()
+        .map(|e| e["code"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const BATCH: &str = "[[service]]\nname='batch'\ncgroup='/batch/*'\nclass='best-effort'\n";
+const BATCH_CGROUPS: [&str; 3] = ["/batch/a", "/batch/b", "/batch/c"];
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_decision_is_split_over_the_services_cgroups_and_written_to_each() {
+    let mut rig = Rig::new(CgroupMode::V2, BATCH, &BATCH_CGROUPS, Run::Enforcing);
+    // 30 MiB/s over three cgroups: 10 MiB/s each.
+    let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(30 * MIB))]);
+    let d = &of_type(&ev, "decision")[0];
+    assert_eq!(d["cgroups"], serde_json::json!(BATCH_CGROUPS));
+    assert_eq!(
+        (d["old"].as_str(), d["new"].as_str()),
+        (Some("max"), Some("10485760"))
+    );
+    assert_eq!(
+        (d["applied"].as_bool(), d["reason"].as_str()),
+        (Some(true), Some("test"))
+    );
+    for cg in BATCH_CGROUPS {
+        assert_eq!(
+            rig.host.read_knob(cg, "io.max"),
+            "8:0 rbps=max wbps=10485760 riops=max wiops=max\n"
+        );
+    }
+    assert_eq!(rig.recorded(0).wbps, Some(30 * MIB));
+    // 2 MiB/s over three would be under the minimum: 1 MiB/s each, and the decision says so.
+    let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(2 * MIB))]);
+    let d = &of_type(&ev, "decision")[0];
+    let reason = d["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("test; split over 3 cgroups at the minimum of 1048576 B/s each"),
+        "{reason}"
+    );
+    assert_eq!(d["new"], "1048576");
+    for cg in BATCH_CGROUPS {
+        assert_eq!(
+            rig.host.read_knob(cg, "io.max"),
+            "8:0 rbps=max wbps=1048576 riops=max wiops=max\n"
+        );
+    }
+    // The service's recorded limit is what was decided for it as a whole.
+    assert_eq!(rig.recorded(0).wbps, Some(2 * MIB));
+    assert!(error_codes(&ev).is_empty());
+}
+
+#[test]
+fn a_rejected_write_keeps_the_recorded_limit_and_is_an_error() {
+    let mut rig = Rig::new(CgroupMode::V2, BATCH, &BATCH_CGROUPS, Run::Enforcing);
+    rig.decide(vec![decision(0, Knob::Wbps, Some(30 * MIB))]);
+    rig.host.reject_writes("/batch/b", "io.max", libc::EINVAL);
+    let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(15 * MIB))]);
+    let d = &of_type(&ev, "decision")[0];
+    assert_eq!(d["applied"], false);
+    let errors = of_type(&ev, "error");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["code"], "write_rejected");
+    let message = errors[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("service 'batch', cgroup /batch/b, 8:0 wbps")
+            && message.contains("EINVAL"),
+        "{message}"
+    );
+    assert_eq!(rig.recorded(0).wbps, Some(30 * MIB), "unchanged");
+    // The others took it; the rejected one holds what it held.
+    assert!(rig
+        .host
+        .read_knob("/batch/a", "io.max")
+        .contains("wbps=5242880"));
+    assert!(rig
+        .host
+        .read_knob("/batch/b", "io.max")
+        .contains("wbps=10485760"));
+    // Every cycle it is decided again, it is said again: the write may work next time.
+    let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(15 * MIB))]);
+    assert_eq!(error_codes(&ev), ["write_rejected"]);
+}
+
+#[test]
+fn a_knob_someone_else_changed_is_said_once_and_not_rewritten() {
+    let mut rig = Rig::new(CgroupMode::V2, BATCH, &BATCH_CGROUPS, Run::Enforcing);
+    rig.decide(vec![decision(0, Knob::Wbps, Some(30 * MIB))]);
+    let theirs = "8:0 rbps=max wbps=123456 riops=max wiops=max\n";
+    rig.host.set_knob("/batch/a", "io.max", theirs);
+    let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(60 * MIB))]);
+    assert_eq!(error_codes(&ev), ["changed_by_other"]);
+    let message = of_type(&ev, "error")[0]["message"].clone();
+    assert!(message.as_str().unwrap().contains("/batch/a"), "{message}");
+    // Not a failed decision: the others took it, and the service's limit is the new one.
+    assert_eq!(of_type(&ev, "decision")[0]["applied"], true);
+    assert_eq!(rig.recorded(0).wbps, Some(60 * MIB));
+    let written_to_a = |rig: &Rig| {
+        let file = rig.host.dir("/batch/a").join("io.max");
+        rig.host.writes().iter().filter(|(f, _)| *f == file).count()
+    };
+    let before = written_to_a(&rig);
+    for to in [90 * MIB, 3 * MIB] {
+        let ev = rig.decide(vec![decision(0, Knob::Wbps, Some(to))]);
+        assert!(error_codes(&ev).is_empty(), "said once: {ev:?}");
+        assert_eq!(rig.host.read_knob("/batch/a", "io.max"), theirs);
+    }
+    assert_eq!(written_to_a(&rig), before, "never written again");
+    assert!(rig
+        .host
+        .read_knob("/batch/b", "io.max")
+        .contains("wbps=1048576"));
+}
+
+#[test]
+fn a_service_matching_no_cgroup_is_said_once() {
+    let config = "[[service]]\nname='gone'\ncgroup='/gone'\nclass='best-effort'\n";
+    let mut rig = Rig::new(CgroupMode::V2, config, &["/other"], Run::Enforcing);
+    let ev = rig.decide(vec![decision(0, Knob::Rbps, Some(10 * MIB))]);
+    assert_eq!(ev.len(), 1, "no decision, one error: {ev:?}");
+    assert_eq!(error_codes(&ev), ["no_cgroup"]);
+    let ev = rig.decide(vec![decision(0, Knob::Rbps, Some(10 * MIB))]);
+    assert!(ev.is_empty(), "{ev:?}");
+    assert!(rig.host.writes().is_empty());
+}
+
+#[test]
+fn a_recreated_cgroup_starts_its_service_over_and_closes_its_journal_entries() {
+    let config = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n";
+    let mut rig = Rig::new(CgroupMode::V2, config, &["/db"], Run::Enforcing);
+    rig.decide(vec![decision(0, Knob::Wbps, Some(50 * MIB))]);
+    assert_eq!(rig.journal_len(), 1);
+    assert_eq!(rig.recorded(0).wbps, Some(50 * MIB));
+    let writes = rig.host.writes().len();
+    let old_ino = rig.host.ino("/db");
+    let new_ino = rig.host.recreate_cgroup("/db");
+    assert_ne!(old_ino, new_ino);
+    let ev = rig.refresh();
+    let restores = of_type(&ev, "restore");
+    assert_eq!(restores.len(), 1, "{ev:?}");
+    assert_eq!(
+        (
+            restores[0]["reason"].as_str(),
+            restores[0]["result"].as_str()
+        ),
+        (Some("released"), Some("recreated"))
+    );
+    assert_eq!(rig.journal_len(), 0, "closed");
+    assert_eq!(
+        rig.host.writes().len(),
+        writes,
+        "the new cgroup is not written"
+    );
+    assert_eq!(rig.host.read_knob("/db", "io.max"), "");
+    // Starts over: no limit remembered, and the policy forgot it.
+    assert!(rig.recorded(0).is_unlimited());
+    assert!(!rig.controller.states.keys().any(|&(s, _)| s == 0));
+    assert_eq!(*rig.policy.forgotten.lock().unwrap(), [0]);
+    assert_eq!(
+        rig.controller.membership.targets(0)[0].ino,
+        new_ino,
+        "limits go on the new cgroup"
+    );
+    // A refresh with nothing changed starts nothing over.
+    assert!(rig.refresh().is_empty());
+    assert_eq!(rig.policy.forgotten.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn restore_all_puts_back_exactly_what_was_written_and_nothing_else() {
+    for mode in [CgroupMode::V1, CgroupMode::V2] {
+        let config = format!("{BATCH}weight=300\n");
+        let mut rig = Rig::new(mode, &config, &BATCH_CGROUPS, Run::Enforcing);
+        rig.host.add_cgroup("/other");
+        // Values of others', on files and devices the agent also writes.
+        let (file, line) = match mode {
+            CgroupMode::V2 => ("io.max", "8:16 rbps=5 wbps=max riops=max wiops=max\n"),
+            CgroupMode::V1 => ("blkio.throttle.write_bps_device", "8:16 5\n"),
+        };
+        rig.host.set_knob("/batch/a", file, line);
+        let before = rig.host.knob_files();
+        let mut ev = rig.controller.apply_weights(0);
+        ev.extend(rig.decide(vec![
+            decision(0, Knob::Wbps, Some(30 * MIB)),
+            decision(0, Knob::Riops, Some(300)),
+        ]));
+        ev.extend(rig.decide(vec![decision(0, Knob::Wbps, Some(60 * MIB))]));
+        assert!(error_codes(&ev).is_empty(), "{ev:?}");
+        let written: BTreeSet<PathBuf> = rig.host.writes().into_iter().map(|(f, _)| f).collect();
+        // Weight, and wbps and riops (one file on v2, two on v1), on each cgroup.
+        let per_cgroup = if mode == CgroupMode::V2 { 2 } else { 3 };
+        assert_eq!(written.len(), per_cgroup * 3, "{written:?}");
+        assert_ne!(rig.host.knob_files(), before);
+        let n = rig.host.writes().len();
+        let restores = rig.controller.restore_all("stop");
+        // One per knob: weight, wbps, riops on each cgroup.
+        assert_eq!(restores.len(), 9, "{restores:?}");
+        assert!(of_type(&restores, "restore")
+            .iter()
+            .all(|r| r["result"] == "restored" && r["reason"] == "stop"));
+        assert_eq!(rig.host.knob_files(), before, "{mode:?}");
+        let restored: BTreeSet<PathBuf> = rig.host.writes()[n..]
+            .iter()
+            .map(|(f, _)| f.clone())
+            .collect();
+        assert_eq!(restored, written, "only the files written");
+        assert_eq!(rig.journal_len(), 0);
+        assert!(
+            rig.controller.restore_all("stop").is_empty(),
+            "nothing left"
+        );
+    }
+}
+
+#[test]
+fn a_dry_run_writes_nothing_and_reports_the_same_decisions() {
+    let script = [
+        vec![decision(0, Knob::Wbps, Some(30 * MIB))],
+        vec![
+            decision(0, Knob::Wbps, Some(2 * MIB)),
+            decision(0, Knob::Riops, Some(90)),
+        ],
+        vec![decision(0, Knob::Wbps, None)],
+    ];
+    // What a decision says, but for what the cgroup held before (a dry run's cgroups
+    // still hold their originals) and whether it was applied.
+    let decided = |events: &[Event]| {
+        of_type(events, "decision")
+            .into_iter()
+            .map(|mut d| {
+                let o = d.as_object_mut().unwrap();
+                o.remove("old");
+                o.remove("applied");
+                d
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut real = Rig::new(CgroupMode::V2, BATCH, &BATCH_CGROUPS, Run::Enforcing);
+    let mut dry = Rig::new(CgroupMode::V2, BATCH, &BATCH_CGROUPS, Run::DryRun);
+    let files = dry.host.knob_files();
+    for decisions in script {
+        let r = real.decide(decisions.clone());
+        let d = dry.decide(decisions);
+        assert_eq!(decided(&d), decided(&r));
+        assert!(of_type(&d, "decision")
+            .iter()
+            .all(|d| d["applied"] == false));
+        assert!(of_type(&r, "decision").iter().all(|d| d["applied"] == true));
+        assert_eq!(dry.recorded(0), real.recorded(0));
+    }
+    assert!(!real.host.writes().is_empty());
+    assert!(dry.host.writes().is_empty());
+    assert_eq!(dry.host.knob_files(), files);
+    assert!(dry.controller.restore_all("stop").is_empty());
+}
+
+#[test]
+fn v1_and_v2_take_their_own_files_and_lines() {
+    let config = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\nweight=2000\n";
+    let want: [(CgroupMode, &[(&str, &str)]); 2] = [
+        (
+            CgroupMode::V2,
+            &[
+                ("io.weight", "default 2000\n"),
+                ("io.max", "8:0 rbps=10485760\n"),
+                ("io.max", "8:0 wiops=100\n"),
+                ("io.max", "8:0 rbps=max\n"),
+            ],
+        ),
+        (
+            CgroupMode::V1,
+            &[
+                // bfq's weights stop at 1000.
+                ("blkio.bfq.weight", "1000\n"),
+                ("blkio.throttle.read_bps_device", "8:0 10485760\n"),
+                ("blkio.throttle.write_iops_device", "8:0 100\n"),
+                ("blkio.throttle.read_bps_device", "8:0 0\n"),
+            ],
+        ),
+    ];
+    for (mode, lines) in want {
+        let mut rig = Rig::new(mode, config, &["/db"], Run::Enforcing);
+        let mut ev = rig.controller.apply_weights(0);
+        ev.extend(rig.decide(vec![
+            decision(0, Knob::Rbps, Some(10 * MIB)),
+            decision(0, Knob::Wiops, Some(100)),
+        ]));
+        ev.extend(rig.decide(vec![decision(0, Knob::Rbps, None)]));
+        let dir = rig.host.dir("/db");
+        let got: Vec<(PathBuf, String)> = rig.host.writes();
+        let want: Vec<(PathBuf, String)> = lines
+            .iter()
+            .map(|(f, l)| (dir.join(f), l.to_string()))
+            .collect();
+        assert_eq!(got, want, "{mode:?}");
+        // What the decisions say is in the mode's terms too.
+        let news: Vec<String> = of_type(&ev, "decision")
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {}",
+                    d["knob"].as_str().unwrap(),
+                    d["new"].as_str().unwrap()
+                )
+            })
+            .collect();
+        let unlimited = if mode == CgroupMode::V2 { "max" } else { "0" };
+        let weight = if mode == CgroupMode::V2 { 2000 } else { 1000 };
+        assert_eq!(
+            news,
+            [
+                format!("weight {weight}"),
+                "rbps 10485760".into(),
+                "wiops 100".into(),
+                format!("rbps {unlimited}"),
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_partition_takes_no_limit() {
+    let config = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n";
+    let mut rig = Rig::new(CgroupMode::V2, config, &["/db"], Run::Enforcing);
+    rig.host.add_partition("8:0");
+    let ev = rig.decide(vec![decision(0, Knob::Rbps, Some(10 * MIB))]);
+    assert_eq!(error_codes(&ev), ["partition"]);
+    assert!(rig.host.writes().is_empty());
+    assert!(rig.recorded(0).is_unlimited());
+}
+
+#[test]
+fn step_on_a_recorded_device_cycle_sequence_is_deterministic() {
+    use crate::policy::sim::{SimDisk, SimService};
+    // A latency reader and a best-effort writer that starts at cycle 5, as the policy
+    // tests run them; the cycles the simulated disk gave are the recording.
+    let mut disk = SimDisk::new(vec![
+        SimService::latency("reader", 5.0, 1.0),
+        SimService::writer("writer", crate::config::SloClass::BestEffort, 2400.0, 5),
+    ]);
+    let recorded: Vec<DeviceCycle> = disk
+        .run(&mut crate::policy::Adaptive::default(), 40)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    let config = "[[service]]\nname='reader'\ncgroup='/reader'\nclass='latency'\np999='5ms'\n\
+                  [[service]]\nname='writer'\ncgroup='/writer'\nclass='best-effort'\n";
+    let run = || {
+        let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
+        let mut rig = Rig::with_policy(
+            CgroupMode::V2,
+            config,
+            &["/reader", "/writer"],
+            Run::Enforcing,
+            Some(policy),
+        );
+        let events: Vec<String> = recorded
+            .iter()
+            .flat_map(|c| rig.controller.step(std::slice::from_ref(c), &mut |_| None))
+            .map(|e| serde_json::to_string(&e).unwrap())
+            .collect();
+        (events, rig.host.writes(), rig.host.knob_files())
+    };
+    let first = run();
+    assert!(
+        first.0.iter().any(|e| e.contains("\"type\":\"decision\"")),
+        "the recording makes the policy decide"
+    );
+    assert!(!first.1.is_empty());
+    let second = run();
+    assert_eq!(first.0, second.0);
+    assert_eq!(first.1, second.1);
+    assert_eq!(first.2, second.2);
+}
+
+#[test]
+fn one_service_is_measured_over_its_cgroups_and_a_limited_idle_one_still_gets_a_say() {
+    use isolator_common::{IoKey, OP_READ, OP_WRITE};
+
+    use crate::collector::{KeyDelta, Snapshot};
+    let config = format!("{BATCH}[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n");
+    let mut rig = Rig::new(
+        CgroupMode::V2,
+        &config,
+        &["/batch/a", "/batch/b", "/db", "/other"],
+        Run::DryRun,
+    );
+    // db holds a limit from an earlier cycle.
+    rig.decide(vec![decision(1, Knob::Rbps, Some(10 * MIB))]);
+    let delta = |cgroup: &str, op: u32, bytes: u64| KeyDelta {
+        key: IoKey {
+            cgroup_id: rig.host.ino(cgroup),
+            dev: DEV,
+            op,
+        },
+        ios: bytes / 4096,
+        bytes,
+        ..Default::default()
+    };
+    let snap = Snapshot {
+        cycle: 7,
+        interval_ns: 2_000_000_000,
+        deltas: vec![
+            delta("/batch/a", OP_READ, 4 * MIB),
+            delta("/batch/b", OP_READ, 2 * MIB),
+            delta("/batch/b", OP_WRITE, 8 * MIB),
+            delta("/other", OP_WRITE, 64 * MIB),
+        ],
+        ..Default::default()
+    };
+    let paths: HashMap<u64, String> = rig
+        .host
+        .cgroup_paths()
+        .into_iter()
+        .map(|p| (rig.host.ino(&p), p))
+        .collect();
+    let cycles = rig.controller.device_cycles(
+        &snap,
+        &|id| paths.get(&id).cloned(),
+        &ContainerTable::default(),
+        &|_| 0.5,
+    );
+    assert_eq!(cycles.len(), 1);
+    let d = &cycles[0];
+    assert_eq!(
+        (d.cycle, d.dev, d.interval_s, d.utilization),
+        (7, DEV, 2.0, 0.5)
+    );
+    let by_name: BTreeMap<&str, &crate::policy::ServiceLoad> =
+        d.services.iter().map(|s| (s.name.as_str(), s)).collect();
+    assert_eq!(by_name.keys().copied().collect::<Vec<_>>(), ["batch", "db"]);
+    let batch = by_name["batch"];
+    assert_eq!(
+        (batch.read_bps, batch.write_bps),
+        (3.0 * MIB as f64, 4.0 * MIB as f64)
+    );
+    assert_eq!(batch.read_iops, 6.0 * MIB as f64 / 4096.0 / 2.0);
+    let mut ids = vec![rig.host.ino("/batch/a"), rig.host.ino("/batch/b")];
+    ids.sort();
+    assert_eq!(batch.cgroup_ids, ids);
+    let db = by_name["db"];
+    assert_eq!((db.bps(), db.limit.rbps), (0.0, Some(10 * MIB)));
+    assert_eq!(db.changed_cycle, Some(1));
+}
