@@ -12,10 +12,9 @@ use aya::{
     Ebpf,
 };
 use isolator_common::{
-    IoKey, KeyCounters, KeyHistograms, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL,
-    MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ, OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH,
-    STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
-    STATE_UNSAMPLED,
+    IoKey, KeyCounters, KeyHistograms, Latencies, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ,
+    OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
+    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
 };
 
 use crate::disks::DiskStat;
@@ -23,21 +22,23 @@ use crate::disks::DiskStat;
 /// Sparse histogram delta: (bucket index, count), ascending by index.
 pub type SparseHist = Vec<(u16, u64)>;
 
+/// The samples of one latency in one cycle.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LatencyDelta {
+    /// Samples (requests with that latency measured).
+    pub count: u64,
+    pub sum_ns: u64,
+    pub hist: SparseHist,
+}
+
 /// What one (cgroup, disk, op) did during one cycle.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyDelta {
     pub key: IoKey,
     pub ios: u64,
     pub bytes: u64,
-    pub lat_count: u64,
-    pub lat_sum_ns: u64,
-    pub queue_count: u64,
-    pub queue_sum_ns: u64,
-    pub lat_hist: SparseHist,
-    pub queue_hist: SparseHist,
-    pub total_count: u64,
-    pub total_sum_ns: u64,
-    pub total_hist: SparseHist,
+    /// Device, queue and total latency samples of the cycle's completions.
+    pub latency: Latencies<LatencyDelta>,
     /// Requests in flight at the end of the cycle (clamped at 0).
     pub inflight_now: u64,
     /// Most requests in flight at once during the cycle.
@@ -237,26 +238,24 @@ struct Baseline {
     bytes: u64,
     /// HISTS' own count: its histograms moved only if this did.
     hist_ios: u64,
-    sums: [u64; 3],
-    hists: [Vec<(u16, u32)>; 3],
+    sums: Latencies<u64>,
+    hists: Latencies<Vec<(u16, u32)>>,
     /// Monotonic time of the last cycle with an issue or a completion.
     last_active_ns: u64,
 }
 
-/// Diffs a cumulative dense histogram against its sparse baseline: the cycle's delta, and
-/// `base` becomes the new baseline. Wrapping: exact while a bucket gets fewer than 2^32
-/// samples per cycle.
+/// Diffs a cumulative dense histogram (its buckets' counts, in order) against its sparse
+/// baseline: the cycle's delta, and `base` becomes the new baseline. Wrapping: exact while
+/// a bucket gets fewer than 2^32 samples per cycle.
 fn diff_histogram(
-    buckets: &[[u32; 3]; HIST_BUCKETS],
-    which: usize,
+    buckets: impl Iterator<Item = u32>,
     base: &mut Vec<(u16, u32)>,
 ) -> (SparseHist, u64) {
     let mut delta = Vec::new();
     let mut next = Vec::with_capacity(base.len() + 4);
     let mut old = base.iter().peekable();
     let mut count = 0u64;
-    for (i, b) in buckets.iter().enumerate() {
-        let n = b[which];
+    for (i, n) in buckets.enumerate() {
         let p = match old.peek() {
             Some(&&(j, v)) if j as usize == i => {
                 old.next();
@@ -279,15 +278,17 @@ fn diff_histogram(
 
 /// The histogram part of a key's cycle: fills `d` from `now` and moves the baseline on.
 fn diff_histograms(d: &mut KeyDelta, now: &KeyHistograms, base: &mut Baseline) {
-    let t = now.totals();
-    let sums = [t.lat_sum_ns, t.queue_sum_ns, t.total_sum_ns];
-    let [lat, queue, total] = &mut base.hists;
-    (d.lat_hist, d.lat_count) = diff_histogram(&now.buckets, HIST_LAT, lat);
-    (d.queue_hist, d.queue_count) = diff_histogram(&now.buckets, HIST_QUEUE, queue);
-    (d.total_hist, d.total_count) = diff_histogram(&now.buckets, HIST_TOTAL, total);
-    d.lat_sum_ns = sums[0].wrapping_sub(base.sums[0]);
-    d.queue_sum_ns = sums[1].wrapping_sub(base.sums[1]);
-    d.total_sum_ns = sums[2].wrapping_sub(base.sums[2]);
+    let sums = now.totals().sum_ns;
+    let sum_deltas = sums.wrapping_sub(base.sums);
+    d.latency = Latencies::from_fn(|which| {
+        let counts = now.buckets.iter().map(|b| *b.get(which));
+        let (hist, count) = diff_histogram(counts, base.hists.get_mut(which));
+        LatencyDelta {
+            count,
+            sum_ns: *sum_deltas.get(which),
+            hist,
+        }
+    });
     base.sums = sums;
 }
 
@@ -586,65 +587,70 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use isolator_common::HIST_BUCKETS;
 
     #[test]
     fn histogram_diff_is_exact_across_wraps_and_keeps_a_sparse_baseline() {
         let mut base = Vec::new();
-        let mut all = Box::new([[0u32; 3]; HIST_BUCKETS]);
+        let mut all = Box::new(KeyHistograms::ZERO.buckets);
         // Only the queue column is diffed; the others must not leak in.
-        all[7][HIST_LAT] = 99;
-        all[8][HIST_TOTAL] = 98;
-        let set = |all: &mut [[u32; 3]; HIST_BUCKETS], i: usize, v: u32| all[i][HIST_QUEUE] = v;
+        all[7].device = 99;
+        all[8].total = 98;
+        let set = |all: &mut [Latencies<u32>; HIST_BUCKETS], i: usize, v: u32| all[i].queue = v;
+        let queue =
+            |all: &[Latencies<u32>; HIST_BUCKETS]| all.iter().map(|b| b.queue).collect::<Vec<_>>();
         set(&mut all, 7, u32::MAX - 1);
         set(&mut all, 900, 4);
-        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
+        let (d, n) = diff_histogram(queue(&all).into_iter(), &mut base);
         assert_eq!(d, vec![(7, (u32::MAX - 1) as u64), (900, 4)]);
         assert_eq!(n, (u32::MAX - 1) as u64 + 4);
         assert_eq!(base, vec![(7, u32::MAX - 1), (900, 4)]);
         // Bucket 7 wraps (5 new samples), 9 is new, 900 is unchanged.
         set(&mut all, 7, 3);
         set(&mut all, 9, 2);
-        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
+        let (d, n) = diff_histogram(queue(&all).into_iter(), &mut base);
         assert_eq!(d, vec![(7, 5), (9, 2)]);
         assert_eq!(n, 7);
         assert_eq!(base, vec![(7, 3), (9, 2), (900, 4)]);
         // A bucket that wraps to exactly 0 still counts its 2^32 - 3 samples.
         set(&mut all, 7, 0);
-        let (d, _) = diff_histogram(&all, HIST_QUEUE, &mut base);
+        let (d, _) = diff_histogram(queue(&all).into_iter(), &mut base);
         assert_eq!(d, vec![(7, (u32::MAX - 2) as u64)]);
         assert_eq!(base, vec![(9, 2), (900, 4)]);
-        let (d, n) = diff_histogram(&all, HIST_QUEUE, &mut base);
+        let (d, n) = diff_histogram(queue(&all).into_iter(), &mut base);
         assert!(d.is_empty() && n == 0);
     }
 
     #[test]
     fn key_histograms_diff_into_counts_and_sums() {
         let mut h = Box::new(KeyHistograms::ZERO);
-        h.buckets[100][HIST_LAT] = 3;
-        h.stripes[0].lat_sum_ns = 1000;
-        h.stripes[3].lat_sum_ns = 2000;
-        h.buckets[120][HIST_TOTAL] = 3;
-        h.stripes[1].total_sum_ns = 9000;
-        h.buckets[5][HIST_QUEUE] = 2;
-        h.stripes[2].queue_sum_ns = 10;
+        h.buckets[100].device = 3;
+        h.stripes[0].sum_ns.device = 1000;
+        h.stripes[3].sum_ns.device = 2000;
+        h.buckets[120].total = 3;
+        h.stripes[1].sum_ns.total = 9000;
+        h.buckets[5].queue = 2;
+        h.stripes[2].sum_ns.queue = 10;
         let mut base = Baseline::default();
         let mut d = KeyDelta::default();
         diff_histograms(&mut d, &h, &mut base);
-        assert_eq!((d.lat_count, d.lat_sum_ns), (3, 3000));
-        assert_eq!((d.total_count, d.total_sum_ns), (3, 9000));
+        let l = &d.latency;
+        assert_eq!((l.device.count, l.device.sum_ns), (3, 3000));
+        assert_eq!((l.total.count, l.total.sum_ns), (3, 9000));
         assert_eq!(
-            (d.queue_count, d.queue_sum_ns, d.queue_hist.clone()),
+            (l.queue.count, l.queue.sum_ns, l.queue.hist.clone()),
             (2, 10, vec![(5, 2)])
         );
-        h.buckets[101][HIST_LAT] = 1;
-        h.stripes[1].lat_sum_ns = 1100;
+        h.buckets[101].device = 1;
+        h.stripes[1].sum_ns.device = 1100;
         let mut d = KeyDelta::default();
         diff_histograms(&mut d, &h, &mut base);
+        let l = &d.latency;
         assert_eq!(
-            (d.lat_count, d.lat_sum_ns, d.lat_hist),
+            (l.device.count, l.device.sum_ns, l.device.hist.clone()),
             (1, 1100, vec![(101, 1)])
         );
-        assert_eq!((d.total_count, d.queue_count), (0, 0));
+        assert_eq!((l.total.count, l.queue.count), (0, 0));
     }
 
     fn key(cgroup_id: u64) -> IoKey {
