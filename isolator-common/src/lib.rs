@@ -356,7 +356,7 @@ pub struct ProgramSpec {
 /// out.
 pub const PROGRAMS: [ProgramSpec; 3] = [
     ProgramSpec {
-        tracepoint: "block_rq_complete",
+        tracepoint: COMPLETE_TRACEPOINT,
         program: "block_rq_complete",
         program_q_rq: None,
     },
@@ -371,6 +371,8 @@ pub const PROGRAMS: [ProgramSpec; 3] = [
         program_q_rq: Some("block_rq_insert_q_rq"),
     },
 ];
+/// Always attached: it counts every request.
+pub const COMPLETE_TRACEPOINT: &str = "block_rq_complete";
 /// Attached only when STATE_NEED_INSERT says the queue gives requests no start time.
 pub const ON_DEMAND_TRACEPOINT: &str = "block_rq_insert";
 /// Attached with `--count-inflight`, or when STATE_FALLBACK_ANY says some queue does not
