@@ -196,19 +196,22 @@ impl Metrics {
         inflight_counted: bool,
     ) -> Option<OpStats> {
         let [lat, queue, total] = self.windows.entry(d.key).or_default();
-        lat.push(interval_ns, d.lat_hist.clone());
-        queue.push(interval_ns, d.queue_hist.clone());
-        total.push(interval_ns, d.total_hist.clone());
+        lat.push(interval_ns, d.latency.device.hist.clone());
+        queue.push(interval_ns, d.latency.queue.hist.clone());
+        total.push(interval_ns, d.latency.total.hist.clone());
         if d.is_idle() {
             return None;
         }
         let secs = interval_ns as f64 / 1e9;
         let mut latency = lat.summary();
-        latency.mean_ns = (d.lat_count > 0).then(|| d.lat_sum_ns / d.lat_count);
+        latency.mean_ns =
+            (d.latency.device.count > 0).then(|| d.latency.device.sum_ns / d.latency.device.count);
         let mut q = queue.summary();
-        q.mean_ns = (d.queue_count > 0).then(|| d.queue_sum_ns / d.queue_count);
+        q.mean_ns =
+            (d.latency.queue.count > 0).then(|| d.latency.queue.sum_ns / d.latency.queue.count);
         let mut t = total.summary();
-        t.mean_ns = (d.total_count > 0).then(|| d.total_sum_ns / d.total_count);
+        t.mean_ns =
+            (d.latency.total.count > 0).then(|| d.latency.total.sum_ns / d.latency.total.count);
         Some(OpStats {
             ios: d.ios,
             bytes: d.bytes,
@@ -220,7 +223,7 @@ impl Metrics {
             inflight: Inflight {
                 now: inflight_counted.then_some(d.inflight_now),
                 peak: inflight_counted.then_some(d.inflight_peak),
-                mean: d.lat_sum_ns as f64 / interval_ns as f64,
+                mean: d.latency.device.sum_ns as f64 / interval_ns as f64,
             },
             untraced_completions: d.untraced_completions,
         })

@@ -8,10 +8,10 @@ use std::{
 
 use aya::{maps::Array, programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
 use isolator_common::{
-    KernelOffsets, KeyCounters, KeyHistograms, ProgramSpec, DEFAULT_MAX_HISTOGRAM_KEYS,
-    DEFAULT_MAX_KEYS, ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS,
-    OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS, STATE_COUNT_INFLIGHT,
-    STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
+    KernelOffsets, KeyCounters, KeyHistograms, ProgramSpec, COMPLETE_TRACEPOINT,
+    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS,
+    MAP_KEYS, OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS,
+    STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
 };
 
 use crate::btf::{BtfError, KernelBtf};
@@ -92,7 +92,7 @@ pub fn select_programs(btf: &KernelBtf) -> Result<Vec<(ProgramSpec, &'static str
             let shape = || ProbeError::TracepointShape(tp.to_string(), params.join(", "));
             let first = params.first().map(String::as_str);
             // block_rq_complete(rq, error, nr_bytes): the program reads nr_bytes as arg 2.
-            if tp == "block_rq_complete" && params.len() != 3 {
+            if tp == COMPLETE_TRACEPOINT && params.len() != 3 {
                 return Err(shape());
             }
             if first == Some("struct request*") {
@@ -264,7 +264,7 @@ impl Probe {
             count_inflight,
             features,
         };
-        probe.attach("block_rq_complete")?;
+        probe.attach(COMPLETE_TRACEPOINT)?;
         if count_inflight {
             probe.state_set(STATE_COUNT_INFLIGHT, 1)?;
             probe.attach_issue()?;
@@ -485,7 +485,162 @@ impl Probe {
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        collections::{BTreeMap, BTreeSet},
+        mem::size_of,
+    };
+
+    use aya_obj::{generated::bpf_map_type, EbpfSectionKind, ProgramSection};
+    use isolator_common::{
+        IoKey, KernelOffsets, KeyCounters, KeyHistograms, DEFAULT_MAX_HISTOGRAM_KEYS,
+        DEFAULT_MAX_KEYS, FALLBACK_DEVS_ENTRIES, HISTS_MAP_FLAGS, ISSUE_TRACEPOINT,
+        MAP_AGENT_STATE, MAP_EARLY_COUNTED, MAP_FALLBACK_DEVS, MAP_HISTS, MAP_INSERT_TS,
+        MAP_ISSUE_TS, MAP_KEYS, MAP_ZERO_HISTS, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS,
+        REQUEST_MAP_ENTRIES, STATE_SLOTS,
+    };
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+
     use super::{parse_cpu_list, EBPF_OBJECT};
+
+    /// A map as the object must define it.
+    #[derive(Debug, PartialEq, Eq)]
+    struct MapDef {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        flags: u32,
+    }
+
+    fn def<K, V>(map_type: bpf_map_type, max_entries: u32, flags: u32) -> MapDef {
+        MapDef {
+            map_type: map_type as u32,
+            key_size: size_of::<K>() as u32,
+            value_size: size_of::<V>() as u32,
+            max_entries,
+            flags,
+        }
+    }
+
+    /// The kernel/user contract, checked on the object the agent embeds: every map with the
+    /// name, type and sizes the agent (or the programs' own use) expects, every program of
+    /// PROGRAMS on its tracepoint, the OFFSETS global the loader overrides, and nothing
+    /// else. The eBPF side spells map and program names as literals; this is what keeps
+    /// them and the isolator-common types from drifting apart.
+    #[test]
+    fn the_embedded_object_matches_the_agents_maps_programs_and_types() {
+        use bpf_map_type::*;
+        let obj = aya_obj::Object::parse(EBPF_OBJECT).expect("aya parses the object");
+        let elf = object::File::parse(EBPF_OBJECT).expect("an ELF object");
+
+        // The agent sizes KEYS and HISTS at load (MapLimits); the defaults in the object are
+        // those of MapLimits::default. HISTS must not be preallocated: StatsCapacity counts
+        // its memory per active key.
+        let expected: BTreeMap<&str, MapDef> = [
+            (
+                MAP_KEYS,
+                def::<IoKey, KeyCounters>(BPF_MAP_TYPE_HASH, DEFAULT_MAX_KEYS, 0),
+            ),
+            (
+                MAP_HISTS,
+                def::<IoKey, KeyHistograms>(
+                    BPF_MAP_TYPE_HASH,
+                    DEFAULT_MAX_HISTOGRAM_KEYS,
+                    HISTS_MAP_FLAGS,
+                ),
+            ),
+            (
+                MAP_AGENT_STATE,
+                def::<u32, u64>(BPF_MAP_TYPE_ARRAY, STATE_SLOTS, 0),
+            ),
+            (
+                MAP_ZERO_HISTS,
+                def::<u32, KeyHistograms>(BPF_MAP_TYPE_ARRAY, 1, 0),
+            ),
+            (
+                MAP_ISSUE_TS,
+                def::<u64, u64>(BPF_MAP_TYPE_LRU_HASH, REQUEST_MAP_ENTRIES, 0),
+            ),
+            (
+                MAP_INSERT_TS,
+                def::<u64, u64>(BPF_MAP_TYPE_LRU_HASH, REQUEST_MAP_ENTRIES, 0),
+            ),
+            (
+                MAP_EARLY_COUNTED,
+                def::<u64, u8>(BPF_MAP_TYPE_LRU_HASH, REQUEST_MAP_ENTRIES, 0),
+            ),
+            (
+                MAP_FALLBACK_DEVS,
+                def::<u32, u8>(BPF_MAP_TYPE_HASH, FALLBACK_DEVS_ENTRIES, 0),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let mut found = BTreeMap::new();
+        let mut data = BTreeSet::new();
+        for (name, m) in &obj.maps {
+            match m.section_kind() {
+                EbpfSectionKind::Maps | EbpfSectionKind::BtfMaps => {
+                    let d = MapDef {
+                        map_type: m.map_type(),
+                        key_size: m.key_size(),
+                        value_size: m.value_size(),
+                        max_entries: m.max_entries(),
+                        flags: m.map_flags(),
+                    };
+                    found.insert(name.as_str(), d);
+                }
+                _ => {
+                    data.insert(name.as_str());
+                }
+            }
+        }
+        assert_eq!(found, expected, "maps (name -> definition)");
+
+        // The one global the programs read, which the loader overrides by name.
+        assert_eq!(
+            data,
+            BTreeSet::from([".rodata"]),
+            "data sections (globals) besides .rodata: a new global the agent does not set?"
+        );
+        let offsets = elf
+            .symbols()
+            .find(|s| s.name() == Ok(OFFSETS_GLOBAL))
+            .expect("the OFFSETS global");
+        let section = elf
+            .section_by_index(offsets.section_index().unwrap())
+            .unwrap();
+        assert_eq!(section.name(), Ok(".rodata"));
+        assert_eq!(offsets.size(), size_of::<KernelOffsets>() as u64);
+
+        // Every program the loader may pick, on its tracepoint; nothing else.
+        let mut expected_programs = BTreeMap::new();
+        for spec in PROGRAMS {
+            for p in std::iter::once(spec.program).chain(spec.program_q_rq) {
+                expected_programs.insert(p, spec.tracepoint);
+            }
+        }
+        for tp in [ISSUE_TRACEPOINT, ON_DEMAND_TRACEPOINT] {
+            assert!(PROGRAMS.iter().any(|s| s.tracepoint == tp), "{tp}");
+        }
+        let mut programs = BTreeMap::new();
+        for (name, p) in &obj.programs {
+            assert!(
+                matches!(p.section, ProgramSection::BtfTracePoint),
+                "{name}: {:?}, expected a BTF tracepoint",
+                p.section
+            );
+            let section = elf
+                .section_by_index(object::SectionIndex(p.section_index))
+                .unwrap();
+            programs.insert(name.as_str(), section.name().unwrap().to_string());
+        }
+        let want: BTreeMap<&str, String> = expected_programs
+            .iter()
+            .map(|(p, tp)| (*p, format!("tp_btf/{tp}")))
+            .collect();
+        assert_eq!(programs, want, "programs (name -> section)");
+    }
 
     /// The executable sections of an ELF64 little-endian object: (name offset, bytes).
     fn code_sections(elf: &[u8]) -> Vec<&[u8]> {

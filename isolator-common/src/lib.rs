@@ -72,6 +72,98 @@ pub struct KeyCounters {
     pub peak_epoch: u64,
 }
 
+/// The three latencies of a request, from its own timestamps: one value of `T` for each
+/// (a histogram bucket's counts, latency sums, a key's per-cycle samples). The kernel
+/// values and the agent's deltas use this one type, so every place that handles "the
+/// three latencies" names them the same way and a fourth could not be forgotten in one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Latencies<T> {
+    /// Device latency: issue (`io_start_time_ns`) -> completion.
+    pub device: T,
+    /// Queue time: request start (`start_time_ns`) -> issue.
+    pub queue: T,
+    /// Total latency: request start -> completion, what the submitter waits.
+    pub total: T,
+}
+
+/// Which of the three [`Latencies`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Latency {
+    Device,
+    Queue,
+    Total,
+}
+
+impl Latency {
+    pub const ALL: [Latency; 3] = [Latency::Device, Latency::Queue, Latency::Total];
+}
+
+impl<T> Latencies<T> {
+    /// One value per latency, computed by `f`.
+    #[inline(always)]
+    pub fn from_fn(mut f: impl FnMut(Latency) -> T) -> Self {
+        Latencies {
+            device: f(Latency::Device),
+            queue: f(Latency::Queue),
+            total: f(Latency::Total),
+        }
+    }
+
+    #[inline(always)]
+    pub fn get(&self, which: Latency) -> &T {
+        match which {
+            Latency::Device => &self.device,
+            Latency::Queue => &self.queue,
+            Latency::Total => &self.total,
+        }
+    }
+
+    #[inline(always)]
+    pub fn get_mut(&mut self, which: Latency) -> &mut T {
+        match which {
+            Latency::Device => &mut self.device,
+            Latency::Queue => &mut self.queue,
+            Latency::Total => &mut self.total,
+        }
+    }
+
+    /// A pointer to one latency's value, projected without creating a reference: the
+    /// kernel side's values are map memory other CPUs write at the same time.
+    ///
+    /// # Safety
+    /// `this` must point into a live `Latencies<T>` (e.g. a map value).
+    #[inline(always)]
+    pub unsafe fn field_ptr(this: *mut Self, which: Latency) -> *mut T {
+        // SAFETY: the caller guarantees `this` is in bounds of a live value; addr_of_mut!
+        // only computes the field's address.
+        unsafe {
+            match which {
+                Latency::Device => core::ptr::addr_of_mut!((*this).device),
+                Latency::Queue => core::ptr::addr_of_mut!((*this).queue),
+                Latency::Total => core::ptr::addr_of_mut!((*this).total),
+            }
+        }
+    }
+}
+
+impl Latencies<u64> {
+    pub const ZERO: Latencies<u64> = Latencies {
+        device: 0,
+        queue: 0,
+        total: 0,
+    };
+
+    /// Field by field, wrapping (the kernel's sums are cumulative and may wrap).
+    pub fn wrapping_add(self, o: Self) -> Self {
+        Latencies::from_fn(|w| self.get(w).wrapping_add(*o.get(w)))
+    }
+
+    pub fn wrapping_sub(self, o: Self) -> Self {
+        Latencies::from_fn(|w| self.get(w).wrapping_sub(*o.get(w)))
+    }
+}
+
 /// Counts and latency sums of a key's completions on a subset of the CPUs: one cache line,
 /// so CPUs of different stripes never write the same line.
 #[repr(C, align(64))]
@@ -82,10 +174,27 @@ pub struct CompletionStripe {
     /// Completed bytes (every completion, partial ones included).
     pub bytes: u64,
     /// Sums of the samples in each histogram, for means.
-    pub lat_sum_ns: u64,
-    pub queue_sum_ns: u64,
-    pub total_sum_ns: u64,
+    pub sum_ns: Latencies<u64>,
     pub _pad: [u64; 3],
+}
+
+impl CompletionStripe {
+    pub const ZERO: CompletionStripe = CompletionStripe {
+        ios: 0,
+        bytes: 0,
+        sum_ns: Latencies::<u64>::ZERO,
+        _pad: [0; 3],
+    };
+
+    /// Field by field, wrapping (the counters are cumulative).
+    pub fn wrapping_add(self, o: Self) -> Self {
+        CompletionStripe {
+            ios: self.ios.wrapping_add(o.ios),
+            bytes: self.bytes.wrapping_add(o.bytes),
+            sum_ns: self.sum_ns.wrapping_add(o.sum_ns),
+            _pad: [0; 3],
+        }
+    }
 }
 
 /// Stripes of [`KeyHistograms`]: a completion on CPU `c` counts in stripe `c % STRIPES`.
@@ -102,44 +211,42 @@ pub const STRIPES: usize = 4;
 #[derive(Clone, Copy)]
 pub struct KeyHistograms {
     pub stripes: [CompletionStripe; STRIPES],
-    /// Three histograms in [`latency_bucket`] layout, interleaved by bucket:
-    /// `buckets[i][HIST_LAT]` device latency (issue -> complete), `[HIST_QUEUE]` queue time
-    /// (request start -> issue), `[HIST_TOTAL]` total latency (start -> complete: what the
-    /// submitter waits). A request's device and total latency are close, so their buckets
-    /// usually share a cache line: one line written instead of two.
-    pub buckets: [[u32; 3]; HIST_BUCKETS],
+    /// Three histograms in [`latency_bucket`] layout, interleaved by bucket: `buckets[i]`
+    /// holds bucket `i` of each latency. A request's device and total latency are close,
+    /// so their buckets usually share a cache line: one line written instead of two.
+    pub buckets: [Latencies<u32>; HIST_BUCKETS],
 }
-
-pub const HIST_LAT: usize = 0;
-pub const HIST_QUEUE: usize = 1;
-pub const HIST_TOTAL: usize = 2;
 
 impl KeyHistograms {
     pub const ZERO: KeyHistograms = KeyHistograms {
-        stripes: [CompletionStripe {
-            ios: 0,
-            bytes: 0,
-            lat_sum_ns: 0,
-            queue_sum_ns: 0,
-            total_sum_ns: 0,
-            _pad: [0; 3],
-        }; STRIPES],
-        buckets: [[0; 3]; HIST_BUCKETS],
+        stripes: [CompletionStripe::ZERO; STRIPES],
+        buckets: [Latencies {
+            device: 0,
+            queue: 0,
+            total: 0,
+        }; HIST_BUCKETS],
     };
 
     /// The stripes summed (wrapping, as the counters are cumulative).
     pub fn totals(&self) -> CompletionStripe {
-        let mut t = CompletionStripe::default();
-        for s in &self.stripes {
-            t.ios = t.ios.wrapping_add(s.ios);
-            t.bytes = t.bytes.wrapping_add(s.bytes);
-            t.lat_sum_ns = t.lat_sum_ns.wrapping_add(s.lat_sum_ns);
-            t.queue_sum_ns = t.queue_sum_ns.wrapping_add(s.queue_sum_ns);
-            t.total_sum_ns = t.total_sum_ns.wrapping_add(s.total_sum_ns);
-        }
-        t
+        self.stripes
+            .iter()
+            .fold(CompletionStripe::ZERO, |t, s| t.wrapping_add(*s))
     }
 }
+
+// The kernel values' layout is part of the contract with the eBPF object (and the HISTS
+// element must stay within its 16 KiB allocation): pin it.
+const _: () = {
+    use core::mem::{align_of, size_of};
+    assert!(size_of::<Latencies<u32>>() == 12 && align_of::<Latencies<u32>>() == 4);
+    assert!(size_of::<Latencies<u64>>() == 24);
+    assert!(size_of::<CompletionStripe>() == 64);
+    assert!(size_of::<KeyHistograms>() == STRIPES * 64 + HIST_BUCKETS * 12);
+    assert!(size_of::<KeyCounters>() == 40);
+    assert!(size_of::<IoKey>() == 16);
+    assert!(size_of::<KernelOffsets>() == 17 * 4);
+};
 
 /// Byte offsets of the kernel struct members the programs read, resolved from the running
 /// kernel's BTF at load time and handed to the programs as a read-only global. Nothing here
@@ -185,10 +292,28 @@ pub const DEFAULT_MAX_KEYS: u32 = 16384;
 /// 2,000 containers each reading and writing on two disks (16 KiB each, 128 MiB at most).
 pub const DEFAULT_MAX_HISTOGRAM_KEYS: u32 = 8192;
 
-/// Names of the maps the agent reads (the programs' `#[map(name = ...)]` must match).
+/// Names of the object's maps. aya-ebpf's `#[map(name = ...)]` takes only a string
+/// literal, so the programs spell them again; `probe::tests` checks the embedded object
+/// against these (names, types, sizes) so the two cannot drift.
 pub const MAP_KEYS: &str = "KEYS";
 pub const MAP_HISTS: &str = "HISTS";
 pub const MAP_AGENT_STATE: &str = "AGENT_STATE";
+/// Maps only the programs use (the agent never opens them).
+pub const MAP_ZERO_HISTS: &str = "ZERO_HISTS";
+pub const MAP_ISSUE_TS: &str = "ISSUE_TS";
+pub const MAP_INSERT_TS: &str = "INSERT_TS";
+pub const MAP_EARLY_COUNTED: &str = "EARLY_COUNTED";
+pub const MAP_FALLBACK_DEVS: &str = "FALLBACK_DEVS";
+
+/// Entries of the maps keyed by request (ISSUE_TS, INSERT_TS, EARLY_COUNTED): requests in
+/// flight host-wide at once, with room. LRU maps are preallocated: 16,384 entries cost
+/// 1 MiB each.
+pub const REQUEST_MAP_ENTRIES: u32 = 16384;
+/// Disks whose queue does not stamp `io_start_time_ns` (FALLBACK_DEVS) at most.
+pub const FALLBACK_DEVS_ENTRIES: u32 = 256;
+/// HISTS is allocated per key on its first completion, not preallocated (`BPF_F_NO_PREALLOC`).
+pub const HISTS_MAP_FLAGS: u32 = BPF_F_NO_PREALLOC;
+pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Index of the attach timestamp in the AGENT_STATE array: the agent sets it just before
 /// it attaches the issue program; requests issued before it were not counted in flight.
@@ -231,7 +356,7 @@ pub struct ProgramSpec {
 /// out.
 pub const PROGRAMS: [ProgramSpec; 3] = [
     ProgramSpec {
-        tracepoint: "block_rq_complete",
+        tracepoint: COMPLETE_TRACEPOINT,
         program: "block_rq_complete",
         program_q_rq: None,
     },
@@ -246,6 +371,8 @@ pub const PROGRAMS: [ProgramSpec; 3] = [
         program_q_rq: Some("block_rq_insert_q_rq"),
     },
 ];
+/// Always attached: it counts every request.
+pub const COMPLETE_TRACEPOINT: &str = "block_rq_complete";
 /// Attached only when STATE_NEED_INSERT says the queue gives requests no start time.
 pub const ON_DEMAND_TRACEPOINT: &str = "block_rq_insert";
 /// Attached with `--count-inflight`, or when STATE_FALLBACK_ANY says some queue does not
@@ -254,9 +381,64 @@ pub const ISSUE_TRACEPOINT: &str = "block_rq_issue";
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: plain #[repr(C)] data without padding-sensitive invariants.
+    // SAFETY: aya copies these to and from map memory as bytes. Each is #[repr(C)], Copy,
+    // made of integers only (every bit pattern is a valid value) and has no padding (the
+    // size asserts above), so no uninitialised byte is read and any bytes are a value.
     unsafe impl aya::Pod for super::IoKey {}
     unsafe impl aya::Pod for super::KeyCounters {}
     unsafe impl aya::Pod for super::KeyHistograms {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripe_totals_add_every_field_wrapping() {
+        let mut h = KeyHistograms::ZERO;
+        h.stripes[0] = CompletionStripe {
+            ios: u64::MAX,
+            bytes: 10,
+            sum_ns: Latencies {
+                device: 1,
+                queue: 2,
+                total: u64::MAX,
+            },
+            _pad: [7; 3],
+        };
+        h.stripes[3].ios = 2;
+        h.stripes[3].bytes = 5;
+        h.stripes[3].sum_ns = Latencies {
+            device: 10,
+            queue: 20,
+            total: 3,
+        };
+        let t = h.totals();
+        assert_eq!((t.ios, t.bytes), (1, 15));
+        assert_eq!(
+            t.sum_ns,
+            Latencies {
+                device: 11,
+                queue: 22,
+                total: 2
+            }
+        );
+        assert_eq!(
+            t.sum_ns.wrapping_sub(h.stripes[3].sum_ns),
+            h.stripes[0].sum_ns
+        );
+    }
+
+    #[test]
+    fn latencies_are_picked_by_kind_in_declaration_order() {
+        let mut l = Latencies::from_fn(|w| w as u32);
+        assert_eq!((l.device, l.queue, l.total), (0, 1, 2));
+        for (i, w) in Latency::ALL.into_iter().enumerate() {
+            assert_eq!(*l.get(w), i as u32);
+            *l.get_mut(w) += 10;
+            // SAFETY: the pointer comes from a live local.
+            assert_eq!(unsafe { *Latencies::field_ptr(&mut l, w) }, i as u32 + 10);
+        }
+    }
 }

@@ -18,7 +18,10 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
+use core::{
+    intrinsics::{atomic_xadd, AtomicOrdering::Relaxed},
+    ptr::{addr_of, addr_of_mut},
+};
 
 use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
@@ -28,12 +31,12 @@ use aya_ebpf::{
 };
 use isolator_common::{
     kernel_dev, latency_bucket, CompletionStripe, IoKey, KernelOffsets, KeyCounters, KeyHistograms,
-    DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, HIST_BUCKETS, HIST_LAT, HIST_QUEUE, HIST_TOTAL,
-    OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQ_OP_DRV_IN,
-    REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ, REQ_OP_WRITE, STATE_COUNT_INFLIGHT,
-    STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS, STATE_MAP_FULL,
-    STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS, STATE_UNSAMPLED, STRIPES,
-    UNATTRIBUTED_CGROUP,
+    Latencies, Latency, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, FALLBACK_DEVS_ENTRIES,
+    HISTS_MAP_FLAGS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ,
+    OP_WRITE, REQUEST_MAP_ENTRIES, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ,
+    REQ_OP_WRITE, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
+    STATE_UNSAMPLED, STRIPES, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -57,8 +60,10 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     flags: 0,
 };
 
-const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_NOEXIST: u64 = 1;
+
+// Map names are literals (`#[map(name)]` takes nothing else); they must match the MAP_*
+// consts of isolator-common, which `probe::tests` checks against the built object.
 
 /// In-flight counts of every key, and the bytes and counts of completions that found no
 /// HISTS entry. Preallocated (the loader sizes it, `--max-keys`): an insert fails only when
@@ -71,15 +76,11 @@ static KEYS: HashMap<IoKey, KeyCounters> = HashMap::with_max_entries(DEFAULT_MAX
 /// use (the loader sizes it, `--max-histogram-keys`).
 #[map(name = "HISTS")]
 static HISTS: HashMap<IoKey, KeyHistograms> =
-    HashMap::with_max_entries(DEFAULT_MAX_HISTOGRAM_KEYS, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(DEFAULT_MAX_HISTOGRAM_KEYS, HISTS_MAP_FLAGS);
 
 /// Source of a zeroed KeyHistograms for inserts (too large for the 512-byte stack).
 #[map(name = "ZERO_HISTS")]
 static ZERO_HISTS: Array<KeyHistograms> = Array::with_max_entries(1, 0);
-
-/// Entries of the maps keyed by request (requests in flight host-wide at once, with room).
-/// LRU maps are preallocated: 16,384 entries cost 1 MiB each.
-const REQUEST_MAP_ENTRIES: u32 = 16384;
 
 /// Fallback issue timestamps, only for devices in FALLBACK_DEVS.
 #[map(name = "ISSUE_TS")]
@@ -101,7 +102,7 @@ static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(REQUEST
 const EARLY_CHECK_NS: u64 = 100_000_000;
 
 #[map(name = "FALLBACK_DEVS")]
-static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(FALLBACK_DEVS_ENTRIES, 0);
 
 #[map(name = "AGENT_STATE")]
 static AGENT_STATE: Array<u64> = Array::with_max_entries(STATE_SLOTS, 0);
@@ -110,7 +111,9 @@ static AGENT_STATE: Array<u64> = Array::with_max_entries(STATE_SLOTS, 0);
 /// a load, shifts and a stack slot per field on every run.
 macro_rules! off {
     ($field:ident) => {{
-        // SAFETY: read of a frozen read-only global the loader filled in.
+        // SAFETY: OFFSETS is a static, so the pointer is valid and aligned; the loader
+        // writes it before load and freezes it (read-only global), so no write races the
+        // read. Volatile so the compiler does not fold the zeroes it was compiled with.
         #[allow(unused_unsafe)]
         let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(OFFSETS.$field)) };
         v
@@ -131,7 +134,9 @@ unsafe fn read_at<T: Copy>(base: u64, off: u32) -> Option<T> {
     if base == 0 {
         return None;
     }
-    Some(core::ptr::read_volatile((base + off as u64) as *const T))
+    // SAFETY: per the contract above; a NULL base was ruled out, and the verifier rejects
+    // the program at load if the offset is not a member of the pointer's BTF type.
+    Some(unsafe { core::ptr::read_volatile((base + off as u64) as *const T) })
 }
 
 struct Request {
@@ -143,6 +148,8 @@ struct Request {
 /// `rq` must be the tracepoint's `struct request *`.
 #[inline(always)]
 unsafe fn describe(rq: u64) -> Option<Request> {
+    // Every read_at here and in charged_cgroup starts from `rq` (the caller's contract) or
+    // a pointer loaded from it, with an offset from this kernel's BTF for that type.
     let cmd_flags: u32 = read_at(rq, off!(rq_cmd_flags))?;
     let req_op = cmd_flags & REQ_OP_MASK;
     let op = match req_op {
@@ -209,6 +216,8 @@ unsafe fn charged_cgroup(rq: u64) -> u64 {
 /// `p` must point into a map value.
 #[inline(always)]
 unsafe fn add_u64(p: *mut u64, delta: u64) {
+    // SAFETY: `p` is a valid, aligned u64 in a map value (the caller's contract), and map
+    // memory is only ever written with atomics or single stores, never through references.
     atomic_xadd::<u64, u64, { Relaxed }>(p, delta);
 }
 
@@ -216,27 +225,35 @@ unsafe fn add_u64(p: *mut u64, delta: u64) {
 /// As [`add_u64`].
 #[inline(always)]
 unsafe fn add_i64(p: *mut i64, delta: i64) {
+    // SAFETY: as in add_u64.
     atomic_xadd::<i64, i64, { Relaxed }>(p, delta);
 }
 
-/// One latency sample into a sum and one of the key's three histograms.
+/// One latency sample into its sum in the stripe and its bucket of the key's histograms.
 ///
 /// # Safety
-/// `sum_ns` and `h` must point into map values.
+/// `s` and `h` must point into map values (`s` a stripe of `h`).
 #[inline(always)]
-unsafe fn record(sum_ns: *mut u64, h: *mut KeyHistograms, which: usize, ns: u64) {
+unsafe fn record(s: *mut CompletionStripe, h: *mut KeyHistograms, which: Latency, ns: u64) {
     let idx = latency_bucket(ns);
-    add_u64(sum_ns, ns);
-    // Always true by construction; the verifier needs to see the bounds.
-    if idx < HIST_BUCKETS && which < 3 {
-        atomic_xadd::<u32, u32, { Relaxed }>(&mut (*h).buckets[idx][which], 1);
+    // SAFETY: `s` points into a map value (caller); the projection makes no reference.
+    unsafe { add_u64(Latencies::field_ptr(addr_of_mut!((*s).sum_ns), which), ns) };
+    // Always true by construction; the verifier needs to see the bound.
+    if idx < HIST_BUCKETS {
+        // SAFETY: `h` points at a map value (caller) and idx is in bounds, so the bucket
+        // is inside it; atomic because every CPU adds to it.
+        unsafe {
+            let bucket = addr_of_mut!((*h).buckets[idx]);
+            atomic_xadd::<u32, u32, { Relaxed }>(Latencies::field_ptr(bucket, which), 1);
+        }
     }
 }
 
 #[inline(always)]
 fn count_state(slot: u32) {
     if let Some(p) = AGENT_STATE.get_ptr_mut(slot) {
-        // SAFETY: valid map value pointer; atomic because the array is shared by all CPUs.
+        // SAFETY: get_ptr_mut checked the index, so p points at a live array slot (array
+        // elements are never freed); atomic because every CPU writes the slot.
         unsafe { add_u64(p, 1) };
     }
 }
@@ -252,7 +269,8 @@ fn state(slot: u32) -> u64 {
 #[inline(always)]
 fn set_state(slot: u32, v: u64) {
     if let Some(p) = AGENT_STATE.get_ptr_mut(slot) {
-        // SAFETY: valid map value pointer.
+        // SAFETY: get_ptr_mut checked the index, so p points at a live array slot; an
+        // aligned 8-byte store is single-copy atomic, and racing setters write the same 1.
         unsafe { core::ptr::write_volatile(p, v) };
     }
 }
@@ -275,8 +293,9 @@ fn histograms_for(key: &IoKey) -> Option<*mut KeyHistograms> {
         return Some(p);
     }
     let zero = ZERO_HISTS.get_ptr(0)?;
-    // SAFETY: ZERO_HISTS is never written, so it stays all zeroes. EEXIST from a racing
-    // insert is fine; ENOMEM (the allocator's per-CPU cache is refilled asynchronously) or
+    // SAFETY: `zero` is a live array slot (get_ptr checked the index; array elements are
+    // never freed) and ZERO_HISTS is never written, so the reference reads all zeroes and
+    // nothing mutates it while borrowed. EEXIST from a racing insert is fine; ENOMEM (the allocator's per-CPU cache is refilled asynchronously) or
     // a full map leaves no entry: the sample is counted as lost.
     let _ = HISTS.insert(key, unsafe { &*zero }, BPF_NOEXIST);
     HISTS.get_ptr_mut(key)
@@ -285,10 +304,11 @@ fn histograms_for(key: &IoKey) -> Option<*mut KeyHistograms> {
 /// block_rq_insert: only needed when requests get no start time from their queue.
 #[inline(always)]
 fn on_insert(rq: u64) {
-    // SAFETY: rq is the tracepoint's request.
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract) and the
+    // offset that of its start_time_ns.
     let start: u64 = unsafe { read_at(rq, off!(rq_start_time_ns)) }.unwrap_or(0);
     if start == 0 {
-        // SAFETY: helper without arguments.
+        // SAFETY: a BPF helper without arguments; nothing to uphold.
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = INSERT_TS.insert(rq, now, 0);
     }
@@ -316,20 +336,21 @@ pub fn block_rq_insert_q_rq(ctx: BtfTracePointContext) -> i32 {
 /// zeroes it when the request is allocated); on fallback devices, ISSUE_TS tells.
 #[inline(always)]
 fn on_issue(rq: u64) {
-    // SAFETY: rq is the tracepoint's request.
+    // SAFETY: rq is the tracepoint's `struct request *` (describe's contract).
     let Some(req) = (unsafe { describe(rq) }) else {
         return;
     };
     let fallback = state(STATE_FALLBACK_ANY) != 0 && FALLBACK_DEVS.get_ptr(req.key.dev).is_some();
     let first_issue = if fallback {
-        // SAFETY: helper without arguments.
+        // SAFETY: a BPF helper without arguments; nothing to uphold.
         let now = unsafe { bpf_ktime_get_ns() };
-        // SAFETY: the value is copied out at once.
+        // SAFETY: get is unsafe because another CPU may change or delete the entry while
+        // the reference lives; only its presence is used, the reference is dropped at once.
         let seen = unsafe { ISSUE_TS.get(rq) }.is_some();
         let _ = ISSUE_TS.insert(rq, now, 0);
         !seen
     } else {
-        // SAFETY: rq is the tracepoint's request.
+        // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
         let io_start: u64 = unsafe { read_at(rq, off!(rq_io_start_time_ns)) }.unwrap_or(0);
         io_start == 0
     };
@@ -339,7 +360,7 @@ fn on_issue(rq: u64) {
     if !fallback && state(STATE_EARLY_WINDOW) != 0 {
         // Only as long as completions may ask (twice their window): later entries would
         // never be removed and would push the needed ones out of the LRU.
-        // SAFETY: helper without arguments.
+        // SAFETY: a BPF helper without arguments; nothing to uphold.
         let now = unsafe { bpf_ktime_get_ns() };
         if now < state(STATE_FIRST_ISSUE_NS) + 2 * EARLY_CHECK_NS {
             let _ = EARLY_COUNTED.insert(rq, 1u8, 0);
@@ -349,17 +370,21 @@ fn on_issue(rq: u64) {
         count_state(STATE_MAP_FULL);
         return;
     };
-    // SAFETY: c is a valid map value. The peak is read after the add and stored racily: a
-    // lower bound, off only when another CPU's completion lands between the two.
+    // SAFETY: c points at a KEYS value (from get_ptr_mut), which stays allocated while the
+    // program runs (RCU) even if the agent deletes the key meanwhile; fields are reached
+    // with addr_of(_mut)! (no references into memory other CPUs write) and are aligned
+    // u64s, so the plain loads and stores are single-copy atomic. The peak is read after
+    // the add and stored racily: a lower bound, off only when another CPU's completion
+    // lands between the two.
     unsafe {
-        add_i64(&mut (*c).inflight, 1);
-        let n = core::ptr::read_volatile(&(*c).inflight);
+        add_i64(addr_of_mut!((*c).inflight), 1);
+        let n = core::ptr::read_volatile(addr_of!((*c).inflight));
         let epoch = state(STATE_EPOCH);
-        if core::ptr::read_volatile(&(*c).peak_epoch) != epoch {
-            core::ptr::write_volatile(&mut (*c).peak_epoch, epoch);
-            core::ptr::write_volatile(&mut (*c).peak, n);
-        } else if n > core::ptr::read_volatile(&(*c).peak) {
-            core::ptr::write_volatile(&mut (*c).peak, n);
+        if core::ptr::read_volatile(addr_of!((*c).peak_epoch)) != epoch {
+            core::ptr::write_volatile(addr_of_mut!((*c).peak_epoch), epoch);
+            core::ptr::write_volatile(addr_of_mut!((*c).peak), n);
+        } else if n > core::ptr::read_volatile(addr_of!((*c).peak)) {
+            core::ptr::write_volatile(addr_of_mut!((*c).peak), n);
         }
     }
 }
@@ -390,7 +415,8 @@ fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
     if issue_ns >= first + EARLY_CHECK_NS {
         return true;
     }
-    // SAFETY: the value is not used.
+    // SAFETY: get is unsafe because another CPU may change or delete the entry while the
+    // reference lives; only its presence is used, the reference is dropped at once.
     let hit = unsafe { EARLY_COUNTED.get(rq) }.is_some();
     if hit {
         let _ = EARLY_COUNTED.remove(rq);
@@ -404,13 +430,12 @@ fn issued_since_attach(rq: u64, issue_ns: u64) -> bool {
 /// `h` must point at a map value.
 #[inline(always)]
 unsafe fn stripe(h: *mut KeyHistograms) -> *mut CompletionStripe {
-    let i = bpf_get_smp_processor_id() as usize % STRIPES;
+    // SAFETY: a BPF helper without arguments; nothing to uphold.
+    let i = unsafe { bpf_get_smp_processor_id() } as usize % STRIPES;
     // Always true; the verifier needs to see the bound.
-    if i < STRIPES {
-        &mut (*h).stripes[i]
-    } else {
-        &mut (*h).stripes[0]
-    }
+    let i = if i < STRIPES { i } else { 0 };
+    // SAFETY: `h` points at a map value (caller) and i is in bounds; no reference made.
+    unsafe { addr_of_mut!((*h).stripes[i]) }
 }
 
 /// Counts a completion in KEYS: for keys whose HISTS entry could not be allocated.
@@ -420,11 +445,12 @@ fn count_without_histograms(key: &IoKey, nr_bytes: u64, last: bool) {
         count_state(STATE_MAP_FULL);
         return;
     };
-    // SAFETY: c is a valid map value.
+    // SAFETY: c points at a KEYS value (from get_ptr_mut), live for the program's run
+    // (RCU); atomic adds because every CPU writes it.
     unsafe {
-        add_u64(&mut (*c).bytes, nr_bytes);
+        add_u64(addr_of_mut!((*c).bytes), nr_bytes);
         if last {
-            add_u64(&mut (*c).ios, 1);
+            add_u64(addr_of_mut!((*c).ios), 1);
         }
     }
 }
@@ -434,27 +460,29 @@ fn count_without_histograms(key: &IoKey, nr_bytes: u64, last: bool) {
 pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u64 = ctx.arg::<u64>(2) & 0xffff_ffff;
-    // SAFETY: rq is the tracepoint's request.
+    // SAFETY: rq is the tracepoint's `struct request *` (describe's contract).
     let Some(req) = (unsafe { describe(rq) }) else {
         return 0;
     };
     let h = histograms_for(&req.key);
     // blk_update_request() traces before it consumes nr_bytes: the request is done when
     // nr_bytes covers what is left of it.
-    // SAFETY: rq is the tracepoint's request.
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
     let remaining: u32 = unsafe { read_at(rq, off!(rq_data_len)) }.unwrap_or(0);
     if nr_bytes < remaining as u64 {
         match h {
-            // SAFETY: h is a valid map value.
-            Some(h) => unsafe { add_u64(&mut (*stripe(h)).bytes, nr_bytes) },
+            // SAFETY: h points at a HISTS value (from get_ptr_mut), live for the program's
+            // run (RCU) even if the agent deletes the key; the add is atomic.
+            Some(h) => unsafe { add_u64(addr_of_mut!((*stripe(h)).bytes), nr_bytes) },
             None => count_without_histograms(&req.key, nr_bytes, false),
         }
         return 0;
     }
 
-    // SAFETY: helper without arguments; rq is the tracepoint's request.
+    // SAFETY: a BPF helper without arguments; nothing to uphold.
     let now = unsafe { bpf_ktime_get_ns() };
     let counting = state(STATE_COUNT_INFLIGHT) != 0;
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
     let mut issue_ns: u64 = unsafe { read_at(rq, off!(rq_io_start_time_ns)) }.unwrap_or(0);
     let mut counted = false;
     if issue_ns != 0 {
@@ -465,7 +493,9 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
             let _ = FALLBACK_DEVS.insert(req.key.dev, 1u8, 0);
             set_state(STATE_FALLBACK_ANY, 1);
         }
-        // SAFETY: the value is copied out at once.
+        // SAFETY: get is unsafe because another CPU may change or delete the entry while
+        // the reference lives; the u64 is copied out at once (an aligned load) and the
+        // reference dropped.
         if let Some(t) = unsafe { ISSUE_TS.get(rq) } {
             issue_ns = *t;
             counted = counting;
@@ -475,14 +505,14 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     if counting && !counted {
         count_state(STATE_PREEXISTING);
     }
-    // SAFETY: rq is the tracepoint's request.
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
     let mut start_ns: u64 = unsafe { read_at(rq, off!(rq_start_time_ns)) }.unwrap_or(0);
     if start_ns == 0 && !req.passthrough {
         if state(STATE_NEED_INSERT) == 0 {
             // Ask the agent to attach block_rq_insert for start times on this queue.
             set_state(STATE_NEED_INSERT, 1);
         }
-        // SAFETY: the value is copied out at once.
+        // SAFETY: as for ISSUE_TS above: the u64 is copied out at once.
         if let Some(t) = unsafe { INSERT_TS.get(rq) } {
             start_ns = *t;
             let _ = INSERT_TS.remove(rq);
@@ -490,20 +520,22 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     }
 
     match h {
-        // SAFETY: h is a valid map value.
+        // SAFETY: h points at a HISTS value (from get_ptr_mut), live for the program's run
+        // (RCU) even if the agent deletes the key; s is a stripe of it; every write is an
+        // atomic add through a raw pointer.
         Some(h) => unsafe {
             let s = stripe(h);
             if issue_ns != 0 && issue_ns <= now {
-                record(&mut (*s).lat_sum_ns, h, HIST_LAT, now - issue_ns);
+                record(s, h, Latency::Device, now - issue_ns);
             }
             if start_ns != 0 && start_ns <= now {
-                record(&mut (*s).total_sum_ns, h, HIST_TOTAL, now - start_ns);
+                record(s, h, Latency::Total, now - start_ns);
                 if issue_ns >= start_ns {
-                    record(&mut (*s).queue_sum_ns, h, HIST_QUEUE, issue_ns - start_ns);
+                    record(s, h, Latency::Queue, issue_ns - start_ns);
                 }
             }
-            add_u64(&mut (*s).bytes, nr_bytes);
-            add_u64(&mut (*s).ios, 1);
+            add_u64(addr_of_mut!((*s).bytes), nr_bytes);
+            add_u64(addr_of_mut!((*s).ios), 1);
         },
         None => {
             // The latency samples are lost; the bytes and the completion are not.
@@ -515,8 +547,9 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     }
     if counted {
         if let Some(c) = KEYS.get_ptr_mut(&req.key) {
-            // SAFETY: c is a valid map value.
-            unsafe { add_i64(&mut (*c).inflight, -1) };
+            // SAFETY: c points at a KEYS value (from get_ptr_mut), live for the program's
+            // run (RCU); the add is atomic.
+            unsafe { add_i64(addr_of_mut!((*c).inflight), -1) };
         }
     }
     0

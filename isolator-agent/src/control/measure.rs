@@ -60,18 +60,18 @@ pub(super) fn aggregate(
             }
             _ => {}
         }
-        a.lat_count += d.lat_count;
-        a.lat_sum += d.lat_sum_ns;
-        a.total_count += d.total_count;
-        a.total_sum += d.total_sum_ns;
+        a.lat_count += d.latency.device.count;
+        a.lat_sum += d.latency.device.sum_ns;
+        a.total_count += d.latency.total.count;
+        a.total_sum += d.latency.total.sum_ns;
         a.peak += d.inflight_peak;
         a.cgroups.insert(d.key.cgroup_id);
         // The SLO is on what the submitter waits: queueing plus device time. Keys
         // without start times (no queue timestamps) fall back to device latency.
-        a.hist.add(if d.total_count > 0 {
-            &d.total_hist
+        a.hist.add(if d.latency.total.count > 0 {
+            &d.latency.total.hist
         } else {
-            &d.lat_hist
+            &d.latency.device.hist
         });
     }
     for &(sid, dev) in states.keys() {
