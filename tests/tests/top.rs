@@ -243,6 +243,62 @@ fn top_in_a_terminal_follows_a_live_agent_through_the_noisy_neighbor() {
         .iter()
         .any(|e| e["type"] == "decision" && e["service"] == "backup" && e["knob"] == "wbps"));
     assert!(!socket.exists(), "the agent removes its socket");
+
+    // The stream this agent just wrote, read by top's own model in this process, in the
+    // types the agent writes: every line is an event, and the rows follow the run.
+    use isolator::{
+        config::SloClass,
+        top::model::{ActionKind, Link, Model, RowKey},
+    };
+    let mut model = Model::default();
+    let mut backup_states = std::collections::BTreeSet::new();
+    for line in std::fs::read_to_string(&agent.events).unwrap().lines() {
+        model
+            .ingest_line(line)
+            .unwrap_or_else(|e| panic!("top cannot read the agent's line ({e}): {line}"));
+        if let Some(r) = model.row(&RowKey::Service("backup".into())) {
+            backup_states.insert(r.state.label());
+        }
+    }
+    let db_row = model.row(&RowKey::Service("db".into())).expect("a db row");
+    assert_eq!(db_row.slo, Some(SloClass::Latency { p999_ns: 6_000_000 }));
+    assert_eq!(db_row.cgroups, [db.rel_path()]);
+    assert!(backup_states.contains("throttled"), "{backup_states:?}");
+    assert!(model
+        .actions
+        .iter()
+        .any(|a| a.kind == ActionKind::Decision && a.text.starts_with("backup: wbps")));
+    assert_eq!(model.link, Link::Stopped("SIGTERM".into()));
+
+    // `isolator top --replay` shows the recorded run: paused at the first cycle, then the
+    // last one (the writer capped), then one back.
+    let replay = Tmux::start(&format!(
+        "{} top --replay {}",
+        isolator_bin().display(),
+        agent.events.display()
+    ));
+    let pane = replay.wait_for(
+        "the replay's first cycle",
+        |p| p.contains("REPLAY") && p.contains("cycle 1/") && p.contains("paused"),
+        Duration::from_secs(10),
+    );
+    let total: u64 = pane
+        .split("cycle 1/")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cycle count in\n{pane}"));
+    assert!(total >= 10, "{pane}");
+    replay.keys(&["]"]);
+    let last = format!("cycle {total}/{total}");
+    let pane = replay.wait_for(&last, |p| p.contains(&last), Duration::from_secs(5));
+    assert!(row(&pane, "db").is_some(), "{pane}");
+    replay.keys(&["T"]);
+    let before = format!("cycle {}/{total}", total - 1);
+    replay.wait_for(&before, |p| p.contains(&before), Duration::from_secs(5));
+    replay.keys(&["q"]);
+    let end = replay.ended();
+    assert!(end.contains("TOP-EXIT=0"), "{end}");
 }
 
 #[test]
