@@ -1,15 +1,16 @@
-//! `isolator run`: the per-cycle loop. kernel -> collector -> registry (cgroup paths) ->
-//! metrics -> sinks. Observe-only in this version.
+//! `isolator run`: start-up (everything that can fail on bad input fails here) and the
+//! per-cycle loop, which runs the pipeline's stages in order: collect -> identify ->
+//! measure -> decide and enforce (with --config) -> emit. A failing optional step is an
+//! event and the cycle goes on; a failing cycle is an event and the loop goes on.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    os::unix::fs::MetadataExt,
+    collections::{BTreeMap, BTreeSet},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
-use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE, UNATTRIBUTED_CGROUP};
+use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE};
 
 use tokio::sync::mpsc;
 
@@ -22,9 +23,10 @@ use crate::{
     docker::{self, ContainerTable, DockerUpdate},
     enforcer::{Enforcer, HostLock, Journal},
     events::{
-        AgentStart, AgentStop, CgroupGone, CgroupRef, CgroupStats, CycleEnd, DeviceStats,
-        DiskCycle, DockerConnected, Event, NdjsonSink, Notice, Totals,
+        AgentStart, AgentStop, CgroupGone, CgroupStats, CycleEnd, DeviceStats, DiskCycle,
+        DockerConnected, Event, NdjsonSink, Notice, Totals,
     },
+    identify::registry::Registry,
     metrics::Metrics,
     policy, privileges,
     probe::{self, Probe},
@@ -145,99 +147,6 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(outside());
     }
     Ok(d)
-}
-
-/// Names the cgroups that appear in the maps. A cgroup is checked with one stat of its
-/// known directory each cycle; the hierarchy is walked only when an id is new or its
-/// directory is gone or renamed. Only cgroups present in the maps are remembered.
-struct Registry {
-    hierarchy: IoHierarchy,
-    /// Each cgroup as events name it, built once when its path is found.
-    known: HashMap<u64, CgroupRef>,
-    /// Cgroups confirmed removed (kernfs ids are never reused), kept until forgotten.
-    gone: HashSet<u64>,
-    /// What Docker says of the containers that exist.
-    containers: ContainerTable,
-}
-
-impl Registry {
-    fn at_known_path(&self, id: u64) -> bool {
-        self.known
-            .get(&id)
-            .and_then(|c| c.path.as_deref())
-            .is_some_and(|p| {
-                std::fs::metadata(self.hierarchy.dir_of(p)).is_ok_and(|m| m.ino() == id)
-            })
-    }
-
-    /// Names every id in `active` (the cgroups in this cycle's snapshot). Returns the walk
-    /// of the hierarchy (id -> path) if new or moved cgroups made one necessary.
-    fn update(&mut self, active: &BTreeSet<u64>) -> Option<HashMap<u64, String>> {
-        self.known.retain(|id, _| active.contains(id));
-        self.gone.retain(|id| active.contains(id));
-        let unresolved: Vec<u64> = active
-            .iter()
-            .copied()
-            .filter(|&id| {
-                id != UNATTRIBUTED_CGROUP && !self.gone.contains(&id) && !self.at_known_path(id)
-            })
-            .collect();
-        if unresolved.is_empty() {
-            return None;
-        }
-        let live = self.hierarchy.scan();
-        for id in unresolved {
-            match live.get(&id) {
-                Some(p) => {
-                    let named = CgroupRef::new(id, Some(p.clone()), &self.containers);
-                    self.known.insert(id, named);
-                }
-                // Its last known path (if any) stays for the events that name it.
-                None => {
-                    self.gone.insert(id);
-                }
-            }
-        }
-        Some(live)
-    }
-
-    fn is_gone(&self, id: u64) -> bool {
-        self.gone.contains(&id)
-    }
-
-    fn forget(&mut self, id: u64) {
-        self.known.remove(&id);
-        self.gone.remove(&id);
-    }
-
-    fn cgroup(&self, id: u64) -> CgroupRef {
-        self.known
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| CgroupRef::new(id, None, &self.containers))
-    }
-
-    fn path(&self, id: u64) -> Option<String> {
-        self.known.get(&id)?.path.clone()
-    }
-
-    /// Applies what Docker said; cgroups of changed containers are named again. Returns
-    /// whether anything changed.
-    fn apply_docker(&mut self, update: &DockerUpdate) -> bool {
-        let change = self.containers.apply(update);
-        if change.is_empty() {
-            return false;
-        }
-        for c in self.known.values_mut() {
-            let affected = c.container_id.as_ref().is_some_and(|id| {
-                change.changed.binary_search(id).is_ok() || change.removed.binary_search(id).is_ok()
-            });
-            if affected {
-                *c = CgroupRef::new(c.id, c.path.take(), &self.containers);
-            }
-        }
-        true
-    }
 }
 
 /// The Docker watcher's channel, and whether its outage was already said.
@@ -403,12 +312,7 @@ impl Agent {
             sink,
             collector,
             metrics: Metrics::default(),
-            registry: Registry {
-                hierarchy,
-                known: HashMap::new(),
-                gone: HashSet::new(),
-                containers: ContainerTable::default(),
-            },
+            registry: Registry::new(hierarchy),
             docker: (opts.docker_socket.as_os_str() != "off").then(|| DockerLink {
                 updates: docker::spawn_watcher(opts.docker_socket.clone()),
                 socket: opts.docker_socket.clone(),
@@ -465,9 +369,22 @@ impl Agent {
         changed
     }
 
-    /// One cycle: collect, name, compute, emit.
+    /// One cycle: the pipeline's stages in order, each a method below with one job.
     pub fn cycle(&mut self) -> Result<()> {
         let started = Instant::now();
+        let snap = self.collect()?;
+        self.identify(&snap);
+        let cgroups = self.measure(&snap);
+        let busy = self.sample_disks(&snap);
+        self.decide_and_enforce(&snap, &busy);
+        self.end_cycle(&snap, busy, cgroups, started);
+        Ok(())
+    }
+
+    /// Collect: the maps' deltas since the last cycle. Programs a queue turns out to need
+    /// are attached on demand; that is optional, so a failure is said once and the cycle
+    /// goes on without it.
+    fn collect(&mut self) -> Result<Snapshot> {
         let snap = self.collector.collect()?;
         if self.panic_at_cycle == Some(snap.cycle) {
             panic!(
@@ -476,7 +393,7 @@ impl Agent {
             );
         }
         if snap.need_insert && !self.insert_failed {
-            // Optional: without it queue time is unknown on such queues; the cycle goes on.
+            // Without it queue time is unknown on such queues.
             let r = self.probe.attach_insert();
             self.insert_failed = report_attach(
                 &mut self.sink,
@@ -488,7 +405,7 @@ impl Agent {
         }
         if snap.issue_map_timing && !self.issue_failed {
             // A queue does not stamp requests at issue: the issue program keeps their issue
-            // times. Without it their device latency stays unknown; the cycle goes on.
+            // times. Without it their device latency stays unknown.
             let r = self.probe.attach_issue();
             self.issue_failed = report_attach(
                 &mut self.sink,
@@ -498,52 +415,62 @@ impl Agent {
                 "device latency stays unknown on queues that do not stamp requests at issue",
             );
         }
+        Ok(snap)
+    }
+
+    /// Identify: every cgroup of the snapshot named (registry, Docker), and the services
+    /// following the cgroups and containers that exist.
+    fn identify(&mut self, snap: &Snapshot) {
         let containers_changed = self.follow_docker();
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
         let walk = self.registry.update(&active);
-        if let Some(c) = self.control.as_mut() {
-            // Services follow new cgroups and containers: on the registry's walk, when
-            // Docker reports a change, or every 30 cycles for cgroups without I/O yet.
-            let walk = walk.or_else(|| {
-                (containers_changed || snap.cycle % 30 == 0).then(|| self.registry.hierarchy.scan())
-            });
-            if let Some(live) = walk {
-                let paths: Vec<String> = live.into_values().collect();
-                let registry = &self.registry;
-                for e in c.refresh(
-                    &registry.hierarchy,
-                    &paths,
-                    &registry.containers,
-                    snap.cycle,
-                ) {
-                    self.sink.emit(&e);
-                }
+        let Some(c) = self.control.as_mut() else {
+            return;
+        };
+        // Services follow new cgroups and containers: on the registry's walk, when Docker
+        // reports a change, or every 30 cycles for cgroups without I/O yet.
+        let walk = walk.or_else(|| {
+            (containers_changed || snap.cycle.is_multiple_of(30))
+                .then(|| self.registry.hierarchy.scan())
+        });
+        if let Some(live) = walk {
+            let paths: Vec<String> = live.into_values().collect();
+            let registry = &self.registry;
+            for e in c.refresh(
+                &registry.hierarchy,
+                &paths,
+                &registry.containers,
+                snap.cycle,
+            ) {
+                self.sink.emit(&e);
             }
         }
+    }
+
+    /// Measure: one `cgroup_stats` per cgroup with I/O; cgroups that are gone and idle
+    /// leave every table (`cgroup_gone`). Returns how many cgroups were reported.
+    fn measure(&mut self, snap: &Snapshot) -> usize {
         for (key, count) in &snap.inflight_resets {
             let cgroup = self.registry.cgroup(key.cgroup_id);
-            self.sink.emit(&Event::Warning(Notice {
-                code: "inflight_reset".into(),
-                message: format!(
+            self.sink.emit(&Event::warning(
+                "inflight_reset",
+                format!(
                     "{count} request(s) counted in flight for cgroup {} ({}) on {}:{} taken for completed unseen: no issue or completion for 30 s (the disk's own statistics could not tell sooner)",
                     cgroup.path.as_deref().unwrap_or("?"),
                     key.cgroup_id,
                     dev_major(key.dev),
                     dev_minor(key.dev)
                 ),
-            }));
+            ));
         }
         for key in &snap.evicted {
             self.metrics.forget_key(key);
         }
-        let interval_s = snap.interval_ns as f64 / 1e9;
-
-        let records = self.records(&snap);
+        let records = self.records(snap);
         let n = records.len();
         for r in records {
             self.sink.emit(&r);
         }
-
         // Cgroups that are gone and saw no request this cycle: drop their keys so the maps
         // stay bounded. A stale in-flight count (an unseen completion) must not keep them.
         let mut idle_by_cgroup: BTreeMap<u64, bool> = BTreeMap::new();
@@ -563,31 +490,49 @@ impl Agent {
                 }));
             }
         }
+        n
+    }
 
-        // Each disk with a key in the maps, sampled once: for the controller and cycle_end.
+    /// Each disk with a key in the maps, sampled once: for the controller and cycle_end.
+    fn sample_disks(&mut self, snap: &Snapshot) -> BTreeMap<u32, f64> {
+        let interval_s = snap.interval_ns as f64 / 1e9;
         let devs: BTreeSet<u32> = snap.deltas.iter().map(|d| d.key.dev).collect();
-        let busy: BTreeMap<u32, f64> = devs
-            .into_iter()
+        devs.into_iter()
             .map(|dev| (dev, self.busy.utilization(dev, snap.cycle, interval_s)))
-            .collect();
-        if let Some(c) = self.control.as_mut() {
-            let registry = &self.registry;
-            let cycles = c.device_cycles(
-                &snap,
-                &|id| registry.path(id),
-                &registry.containers,
-                &|dev| busy.get(&dev).copied().unwrap_or(0.0),
-            );
-            if let Some(input) = c.policy_input(snap.cycle, &cycles) {
-                self.sink.emit(&input);
-            }
-            let disks = &mut self.disks;
-            let events = c.step(&cycles, &mut |dev| disks.name(dev));
-            for e in events {
-                self.sink.emit(&e);
-            }
-        }
+            .collect()
+    }
 
+    /// Decide, plan and enforce (with --config): the services' cycle (recorded as
+    /// `policy_input`), the policy's decisions, and the limits written.
+    fn decide_and_enforce(&mut self, snap: &Snapshot, busy: &BTreeMap<u32, f64>) {
+        let Some(c) = self.control.as_mut() else {
+            return;
+        };
+        let registry = &self.registry;
+        let cycles = c.device_cycles(
+            snap,
+            &|id| registry.path(id),
+            &registry.containers,
+            &|dev| busy.get(&dev).copied().unwrap_or(0.0),
+        );
+        if let Some(input) = c.policy_input(snap.cycle, &cycles) {
+            self.sink.emit(&input);
+        }
+        let disks = &mut self.disks;
+        for e in c.step(&cycles, &mut |dev| disks.name(dev)) {
+            self.sink.emit(&e);
+        }
+    }
+
+    /// Emit: `cycle_end`, with what the cycle cost and lost.
+    fn end_cycle(
+        &mut self,
+        snap: &Snapshot,
+        busy: BTreeMap<u32, f64>,
+        cgroups: usize,
+        started: Instant,
+    ) {
+        let interval_s = snap.interval_ns as f64 / 1e9;
         let disks = busy
             .into_iter()
             .map(|(dev, utilization)| DiskCycle {
@@ -600,7 +545,7 @@ impl Agent {
         self.sink.emit(&Event::CycleEnd(CycleEnd {
             cycle: snap.cycle,
             interval_s,
-            cgroups: n,
+            cgroups,
             tracked_keys: self.collector.tracked_keys(),
             evicted_keys: snap.evicted.len(),
             preexisting_completions: snap.preexisting_completions,
@@ -618,7 +563,6 @@ impl Agent {
             programs,
         }));
         self.sink.flush();
-        Ok(())
     }
 
     fn records(&mut self, snap: &Snapshot) -> Vec<Event> {

@@ -1,30 +1,30 @@
-//! isolator: per-cgroup block I/O observation (and, later, SLO enforcement) with eBPF.
+//! isolator: per-cgroup block I/O observation and SLO enforcement with eBPF.
 //!
-//! Data flows one way: kernel -> [`probe`]/[`collector`] -> registry ([`cgroupfs`]) ->
-//! [`metrics`] -> [`events`] sinks.
+//! Each cycle is a pipeline, and the folders are its stages (README, "How it works"):
+//! kernel -> [`collect`] -> [`identify`] -> [`measure`] -> decide ([`control`], [`policy`])
+//! -> plan and enforce ([`control`], [`enforcer`]) -> emit ([`events`]) -> readers ([`top`],
+//! [`replay`]). [`agent`] runs the stages in order.
 
 pub mod agent;
-pub mod btf;
-pub mod cgroupfs;
 pub mod check;
-pub mod collector;
+pub mod collect;
 pub mod config;
 pub mod control;
-pub mod disks;
-pub mod docker;
 pub mod enforcer;
 pub mod events;
-pub mod labels;
-pub mod metrics;
-pub mod naming;
-pub mod output;
+pub mod identify;
+pub mod measure;
 pub mod policy;
-pub mod private_file;
 pub mod privileges;
-pub mod probe;
 pub mod replay;
-pub mod stream;
 pub mod top;
+
+// The stages' modules by their own names too, as the rest of the code and the tests use
+// them.
+pub use collect::{btf, collector, probe};
+pub use events::{output, private_file, stream};
+pub use identify::{cgroupfs, disks, docker, labels, naming};
+pub use measure::metrics;
 
 /// The property tests' budget: a fixed number of cases, and no failure files written into
 /// the tree, so the suite's run is bounded and leaves nothing.

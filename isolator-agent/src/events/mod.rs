@@ -9,7 +9,10 @@
 //! [`Event::Unknown`] (a newer agent's addition within the schema). A field of the wrong
 //! type makes the line unreadable, with an error naming it.
 
+pub mod output;
+pub mod private_file;
 mod sink;
+pub mod stream;
 
 use serde::{Deserialize, Serialize};
 
