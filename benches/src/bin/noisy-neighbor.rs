@@ -19,7 +19,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
 use isolator_tests::{disk_of, noisy, Agent, Scratch, TestCgroup};
-use serde_json::Value;
+use isolator::events::{Event, RecordedEvent, ServiceStats};
 
 const POLICIES: [&str; 5] = ["pine", "priority", "slae", "ute", "adaptive"];
 /// Reader runs alone this long first, so its solo cycles and fio's start-up are behind it.
@@ -151,41 +151,53 @@ fn run_mode(s: &Setup, mode: Mode) -> Result<Outcome> {
     }
     // About the cycles' steady phase: from (SETTLE_CYCLES + 2) s after the writer started.
     let (fio_p999_ns, _) = run.reader_p999_ns((SETTLE_CYCLES + 2) * 1000);
-    let mut o = outcome(mode, &agent.events());
+    let mut o = outcome(mode, &service_stats(&agent.events)?);
     o.fio_steady_p999_ms = fio_p999_ns as f64 / 1e6;
     o.slo_ms = s.slo_ms;
     Ok(o)
 }
 
-fn outcome(mode: Mode, events: &[Value]) -> Outcome {
-    let stats = |name: &str| -> Vec<Value> {
-        events
-            .iter()
-            .filter(|e| e["type"] == "service_stats" && e["service"] == name)
-            .cloned()
-            .collect()
+/// The services' cycles of a run, read in the agent's own event types.
+fn service_stats(events_file: &Path) -> Result<Vec<ServiceStats>> {
+    let text = std::fs::read_to_string(events_file)
+        .with_context(|| format!("reading {}", events_file.display()))?;
+    let mut out = vec![];
+    // A line the agent was still writing when it was read is not complete.
+    for line in text.lines().filter(|l| l.ends_with('}')) {
+        let e = RecordedEvent::parse(line)
+            .with_context(|| format!("{}: {line:.80}", events_file.display()))?;
+        if let Event::ServiceStats(s) = e.event {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+fn outcome(mode: Mode, events: &[ServiceStats]) -> Outcome {
+    let stats = |name: &str| -> Vec<&ServiceStats> {
+        events.iter().filter(|e| e.service == name).collect()
     };
-    let cycle = |e: &Value| e["cycle"].as_u64().unwrap_or(0);
+    let cycle = |e: &&ServiceStats| e.cycle;
     let (db, backup) = (stats("db"), stats("backup"));
     // The writer's cycles: any write at all (a deep cap still writes at its floor).
     let writing: Vec<u64> = backup
         .iter()
-        .filter(|e| e["write_mbps"].as_f64().unwrap_or(0.0) > 1.0)
+        .filter(|e| e.write_mbps > 1.0)
         .map(cycle)
         .collect();
     let (first, last) = (
         writing.first().copied().unwrap_or(0),
         writing.last().copied().unwrap_or(0),
     );
-    let db_at = |c: u64| db.iter().find(|e| cycle(e) == c);
-    let p999_ms = |e: &Value| e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6;
-    let violating = |c: u64| db_at(c).is_some_and(|e| e["state"] == "violating");
+    let db_at = |c: u64| db.iter().find(|e| e.cycle == c);
+    let p999_ms = |e: &&ServiceStats| e.p999_ns.unwrap_or(0) as f64 / 1e6;
+    let violating = |c: u64| db_at(c).is_some_and(|e| e.state == "violating");
     let writer_mbps = |range: std::ops::Range<u64>| -> f64 {
         mean(
             &backup
                 .iter()
-                .filter(|e| range.contains(&cycle(e)))
-                .map(|e| e["write_mbps"].as_f64().unwrap_or(0.0))
+                .filter(|e| range.contains(&e.cycle))
+                .map(|e| e.write_mbps)
                 .collect::<Vec<_>>(),
         )
     };
@@ -203,7 +215,7 @@ fn outcome(mode: Mode, events: &[Value]) -> Outcome {
         reader_iops: mean(
             &(first + 1..last)
                 .filter_map(db_at)
-                .map(|e| e["iops"].as_f64().unwrap_or(0.0))
+                .map(|e| e.iops)
                 .collect::<Vec<_>>(),
         ),
         writer_mbps_all: writer_mbps(first + 1..last),
