@@ -348,7 +348,7 @@ fn hist(args: &[String]) {
     let mut worst = [0f64; 2];
     let mut compared = [0usize; 4];
     let mut pruned_bytes = 0usize;
-    for (c, h) in cur.iter().zip(&hdr) {
+    for (c, h) in cur.iter_mut().zip(&hdr) {
         let a = c.summary();
         // Cycles older than the summary's window are never read again (newer cycles only
         // add samples): what a window that dropped them would hold.

@@ -18,8 +18,8 @@
 use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
-use isolator_tests::{disk_of, noisy, Agent, Scratch, TestCgroup};
 use isolator::events::{Event, RecordedEvent, ServiceStats};
+use isolator_tests::{disk_of, noisy, Agent, Scratch, TestCgroup};
 
 const POLICIES: [&str; 5] = ["pine", "priority", "slae", "ute", "adaptive"];
 /// Reader runs alone this long first, so its solo cycles and fio's start-up are behind it.

@@ -127,8 +127,19 @@ impl HistWindow {
     }
 
     /// Summary over the newest cycles: just the last one if it has enough samples for a
-    /// p99.9, otherwise widened backwards up to the window limits.
-    pub fn summary(&self) -> LatencySummary {
+    /// p99.9, otherwise widened backwards up to the window limits. Cycles older than the
+    /// ones it used are dropped: no later summary can reach them (a later window ends
+    /// later, so it has its samples, or its time, by then), and keeping them cost tens of
+    /// KiB per key and histogram.
+    pub fn summary(&mut self) -> LatencySummary {
+        let (summary, used) = self.walk();
+        let stale = self.cycles.len() - used;
+        self.cycles.drain(..stale);
+        summary
+    }
+
+    /// The summary, and how many of the newest cycles it took.
+    fn walk(&self) -> (LatencySummary, usize) {
         let mut acc = HistSum::default();
         let mut window_ns = 0;
         let mut cycles = 0;
@@ -143,7 +154,7 @@ impl HistWindow {
                 break;
             }
         }
-        summarize(&acc.sparse(), window_ns, cycles)
+        (summarize(&acc.sparse(), window_ns, cycles), cycles)
     }
 }
 
@@ -374,6 +385,33 @@ mod tests {
         assert_eq!(s.p99_ns, None);
         assert_eq!(s.p999_ns, None);
         assert!(s.max_ns.unwrap() >= s.p50_ns.unwrap());
+    }
+
+    /// Dropping the cycles a summary did not use changes no later summary: a window that
+    /// drops them and one that keeps everything agree at every step.
+    #[test]
+    fn dropping_unused_cycles_changes_no_summary() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for _ in 0..200 {
+            let mut pruned = HistWindow::default();
+            let mut whole = HistWindow::default();
+            for _ in 0..rng.gen_range(1..150) {
+                let interval = [1_000_000_000, 2_500_000_000, 10_000_000_000][rng.gen_range(0..3)];
+                let h: Vec<(u16, u64)> = match rng.gen_range(0..4) {
+                    0 => vec![],
+                    1 => vec![(rng.gen_range(0..900), rng.gen_range(1..50))],
+                    2 => vec![(300, rng.gen_range(1..400)), (700, rng.gen_range(1..20))],
+                    _ => vec![(rng.gen_range(0..900), rng.gen_range(500..3000))],
+                };
+                pruned.push(interval, h.clone());
+                whole.push(interval, h);
+                // Summaries are taken on busy cycles only, as Metrics::observe does.
+                if rng.gen_bool(0.7) {
+                    assert_eq!(pruned.summary(), whole.walk().0);
+                    assert!(pruned.cycles.len() <= whole.cycles.len());
+                }
+            }
+        }
     }
 
     #[test]
