@@ -1,11 +1,11 @@
-//! The control stage, one cycle as stages with one job each: which cgroups are whose
-//! (`membership`), what each service did on each device (`measure`, the one aggregation
-//! of the snapshot), what the policy decides on it (pure), and what is written where
-//! (`plan`, through the enforcer); `report` builds the events that say why.
+//! Decide, plan and enforce: which cgroups are whose (`membership`), the policy's input
+//! from the measure stage's per-service sums (`policy_input`), what the policy decides on
+//! it (pure), and what is written where (`plan`, through the enforcer); `report` builds
+//! the events that say why.
 
-mod measure;
 mod membership;
 mod plan;
+mod policy_input;
 mod report;
 
 use std::collections::HashMap;
@@ -121,12 +121,13 @@ impl Controller {
         utilization: &dyn Fn(u32) -> f64,
     ) -> Vec<DeviceCycle> {
         let membership = &mut self.membership;
-        let io = measure::aggregate(
+        let remembered = self.states.keys().copied().collect();
+        let io = crate::measure::services::aggregate(
             snap,
             &mut |id| membership.service_of(id, path_of(id).as_deref(), containers),
-            &self.states,
+            &remembered,
         );
-        measure::device_cycles(snap, io, &self.membership, &self.states, utilization)
+        policy_input::device_cycles(snap, io, &self.membership, &self.states, utilization)
     }
 
     /// The policy's whole input this cycle, for the record (`policy_input`): what it

@@ -1,5 +1,6 @@
 //! Stage 3, measure: per (cgroup, disk, op) statistics over a histogram window
-//! ([`metrics`], the `cgroup_stats` events). The per (service, disk) aggregation the
-//! policy decides on lives with the services it sums, in `control::measure`.
+//! ([`metrics`], the `cgroup_stats` events), and per (service, disk) sums of the cycle
+//! ([`services`], behind `service_stats` and the policy's input).
 
 pub mod metrics;
+pub mod services;
