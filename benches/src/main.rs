@@ -71,7 +71,7 @@ fn fio_iops(file: &Path, seconds: u64) -> Result<(f64, u64)> {
     ))
 }
 
-use isolator::probe::{loaded_programs as prog_stats, LoadedProgram as ProgStat};
+use isolator::collect::probe::{loaded_programs as prog_stats, LoadedProgram as ProgStat};
 
 /// Run time and runs per program name of the programs loaded after `first_id`, between two
 /// snapshots.

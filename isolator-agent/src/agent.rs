@@ -10,27 +10,27 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use isolator_common::{dev_major, dev_minor, OP_READ, OP_WRITE};
+use isolator_common::{OP_READ, OP_WRITE};
 
 use tokio::sync::mpsc;
 
 use crate::{
-    cgroupfs::IoHierarchy,
-    collector::{Collector, Snapshot},
+    collect::collector::{Collector, Snapshot},
+    collect::probe::{self, Probe},
     config::Config,
     control::Controller,
-    disks::{DiskBusy, DiskNames},
-    docker::{self, ContainerTable, DockerUpdate},
     enforcer::{Enforcer, HostLock, Journal},
+    events::stream::{StreamError, StreamServer},
     events::{
         AgentStart, AgentStop, CgroupGone, CgroupStats, CycleEnd, DeviceStats, DiskCycle,
         DockerConnected, Event, NdjsonSink, Notice, Totals,
     },
+    identify::cgroupfs::IoHierarchy,
+    identify::disks::{DiskBusy, DiskNames},
+    identify::docker::{self, ContainerTable, DockerUpdate},
     identify::registry::Registry,
-    metrics::Metrics,
+    measure::metrics::Metrics,
     policy, privileges,
-    probe::{self, Probe},
-    stream::{StreamError, StreamServer},
 };
 
 /// `isolator run`'s options.
@@ -66,7 +66,7 @@ pub struct RunOptions {
     pub docker_socket: PathBuf,
     /// Serve the event stream on this unix socket (mode 0600) for `isolator top` ("off":
     /// do not serve).
-    #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = crate::events::stream::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// (cgroup, disk, op) keys the kernel counters hold (120 B each, allocated at start); a
     /// request of a key beyond is a counted loss (cycle_end.map_full).
@@ -455,11 +455,10 @@ impl Agent {
             self.sink.emit(&Event::warning(
                 "inflight_reset",
                 format!(
-                    "{count} request(s) counted in flight for cgroup {} ({}) on {}:{} taken for completed unseen: no issue or completion for 30 s (the disk's own statistics could not tell sooner)",
+                    "{count} request(s) counted in flight for cgroup {} ({}) on {} taken for completed unseen: no issue or completion for 30 s (the disk's own statistics could not tell sooner)",
                     cgroup.path.as_deref().unwrap_or("?"),
                     key.cgroup_id,
-                    dev_major(key.dev),
-                    dev_minor(key.dev)
+                    crate::identify::disks::dev_text(key.dev)
                 ),
             ));
         }
@@ -536,7 +535,7 @@ impl Agent {
         let disks = busy
             .into_iter()
             .map(|(dev, utilization)| DiskCycle {
-                dev: format!("{}:{}", dev_major(dev), dev_minor(dev)),
+                dev: crate::identify::disks::dev_text(dev),
                 disk: self.disks.name(dev),
                 utilization,
             })
@@ -581,7 +580,7 @@ impl Agent {
                 .or_default()
                 .entry(d.key.dev)
                 .or_insert_with(|| DeviceStats {
-                    dev: format!("{}:{}", dev_major(d.key.dev), dev_minor(d.key.dev)),
+                    dev: crate::identify::disks::dev_text(d.key.dev),
                     disk: self.disks.name(d.key.dev),
                     read: None,
                     write: None,
@@ -664,7 +663,7 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// once and not retried every cycle.
 fn report_attach(
     sink: &mut NdjsonSink,
-    result: Result<bool, crate::probe::ProbeError>,
+    result: Result<bool, crate::collect::probe::ProbeError>,
     what: &str,
     attached: &str,
     without: &str,
@@ -792,7 +791,10 @@ mod tests {
         let d = RunOptions::defaults().unwrap();
         assert_eq!(d.interval, Duration::from_secs(1));
         assert_eq!(d.policy, "adaptive");
-        assert_eq!(d.socket, PathBuf::from(crate::stream::DEFAULT_SOCKET));
+        assert_eq!(
+            d.socket,
+            PathBuf::from(crate::events::stream::DEFAULT_SOCKET)
+        );
         assert!(d.config.is_none() && !d.dry_run);
     }
 

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use crate::{
-    cgroupfs::{CgroupMode, IoHierarchy},
+    collect::probe::{self, Probe},
+    identify::cgroupfs::{CgroupMode, IoHierarchy},
     privileges,
-    probe::{self, Probe},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use thiserror::Error;
 use toml::Spanned;
 
 use crate::{
-    docker::{ContainerInfo, ContainerTable},
-    naming::{self, PathName, ServiceKind},
+    identify::docker::{ContainerInfo, ContainerTable},
+    identify::naming::{self, PathName, ServiceKind},
     policy::MIN_CAP_BPS,
 };
 
@@ -1139,7 +1139,7 @@ floor = "20MB/s"
 
     #[test]
     fn docker_matchers_use_what_docker_says() {
-        use crate::docker::DockerUpdate;
+        use crate::identify::docker::DockerUpdate;
         let id = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
         let c = parse(
             "[[service]]\nname='db'\ncontainer='pg-*'\nclass='best-effort'\n\n\

@@ -19,13 +19,6 @@ pub mod privileges;
 pub mod replay;
 pub mod top;
 
-// The stages' modules by their own names too, as the rest of the code and the tests use
-// them.
-pub use collect::{btf, collector, probe};
-pub use events::{output, private_file, stream};
-pub use identify::{cgroupfs, disks, docker, labels, naming};
-pub use measure::metrics;
-
 /// The property tests' budget: a fixed number of cases, and no failure files written into
 /// the tree, so the suite's run is bounded and leaves nothing.
 #[cfg(test)]

@@ -2,11 +2,10 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use isolator::{
-    agent,
-    cgroupfs::IoHierarchy,
-    check,
+    agent, check,
+    collect::probe::DEFAULT_BTF,
     enforcer::{Enforcer, HostLock, Journal, DEFAULT_JOURNAL_DIR},
-    probe::DEFAULT_BTF,
+    identify::cgroupfs::IoHierarchy,
     replay,
     top::{self, TopOptions},
 };

@@ -8,16 +8,15 @@
 //! if each of its decisions had been written), so its bookkeeping stays its own.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write as _,
     path::{Path, PathBuf},
 };
 
-use isolator_common::{dev_major, dev_minor};
-
 use crate::{
     config::{self, Rate, SloClass},
     events::{AgentStart, Decision, Event, PolicyInput, ReadError, RecordedEvent},
+    identify::disks::dev_text,
     policy::{self, DeviceCycle, IoMaxLimit, Policy, ServiceId},
 };
 
@@ -91,6 +90,13 @@ pub enum ReplayError {
         line: usize,
         error: ReadError,
     },
+    #[error("{path} line {line}: a {kind} event that cannot be read ({error}); replay needs every one of them, so it stops here")]
+    Unreadable {
+        path: PathBuf,
+        line: usize,
+        kind: String,
+        error: ReadError,
+    },
     #[error("{path} holds no isolator events; give a file written by 'isolator run --json FILE'")]
     NotARecording { path: PathBuf },
     #[error("{path} records no policy input: the agent ran without --config (or is older than the policy_input event); record a run with 'isolator run --config FILE --json FILE'")]
@@ -107,9 +113,27 @@ pub enum ReplayError {
 #[derive(Debug, Default)]
 pub struct RecordedRun {
     pub start: AgentStart,
+    /// The file begins in the middle of this run (rotated, or cut at the front): there is
+    /// no `agent_start`, and what the policy remembered from before is not in the file.
+    pub begins_before_file: bool,
     pub inputs: Vec<PolicyInput>,
     /// The policy's decisions (configured weights left out), in order.
     pub decisions: Vec<Decision>,
+    /// Events the agent's output lost during the run (`cycle_end.events_dropped` grew).
+    pub events_dropped: u64,
+}
+
+impl RecordedRun {
+    /// The run's policy: as `agent_start` says, or, for a run the file begins inside of, as
+    /// its decisions say.
+    pub fn policy(&self) -> Option<&str> {
+        self.start.policy.as_deref().or_else(|| {
+            self.decisions
+                .iter()
+                .map(|d| d.policy.as_str())
+                .find(|p| *p != "config")
+        })
+    }
 }
 
 /// A recording, read whole.
@@ -132,6 +156,8 @@ impl Recording {
     pub fn parse(path: &Path, text: &str) -> Result<Recording, ReplayError> {
         let mut rec = Recording::default();
         let mut events = 0;
+        // The first events_dropped of the current run, and the last.
+        let mut dropped: Option<(u64, u64)> = None;
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -145,18 +171,42 @@ impl Recording {
                         error,
                     })
                 }
-                Err(ReadError::NotAnEvent(_)) => {
+                Err(error @ ReadError::NotAnEvent(_)) => {
+                    // The policy's input and decisions are what replay is made of: losing
+                    // one would make every later decision differ for no visible reason.
+                    if let Some(kind) =
+                        event_type(line).filter(|t| REPLAY_NEEDS.contains(&t.as_str()))
+                    {
+                        return Err(ReplayError::Unreadable {
+                            path: path.to_path_buf(),
+                            line: i + 1,
+                            kind,
+                            error,
+                        });
+                    }
                     rec.unreadable_lines += 1;
                     continue;
                 }
             };
             events += 1;
-            match e.event {
-                Event::AgentStart(start) => rec.runs.push(RecordedRun {
-                    start,
+            if matches!(
+                e.event,
+                Event::PolicyInput(_) | Event::Decision(_) | Event::CycleEnd(_)
+            ) && rec.runs.is_empty()
+            {
+                rec.runs.push(RecordedRun {
+                    begins_before_file: true,
                     ..RecordedRun::default()
-                }),
-                // Events before any agent_start (a file cut at the front) have no run.
+                });
+            }
+            match e.event {
+                Event::AgentStart(start) => {
+                    rec.close_run(dropped.take());
+                    rec.runs.push(RecordedRun {
+                        start,
+                        ..RecordedRun::default()
+                    })
+                }
                 Event::PolicyInput(p) => {
                     if let Some(run) = rec.runs.last_mut() {
                         run.inputs.push(p);
@@ -167,15 +217,42 @@ impl Recording {
                         run.decisions.push(d);
                     }
                 }
+                Event::CycleEnd(end) => {
+                    let first = dropped.map_or(end.events_dropped, |(f, _)| f);
+                    dropped = Some((first, end.events_dropped));
+                }
                 _ => {}
             }
         }
+        rec.close_run(dropped);
         if events == 0 {
             return Err(ReplayError::NotARecording {
                 path: path.to_path_buf(),
             });
         }
         Ok(rec)
+    }
+}
+
+/// Event types replay cannot do without.
+const REPLAY_NEEDS: [&str; 2] = ["policy_input", "decision"];
+
+/// The `type` of a line that is not a readable event, if it has one.
+fn event_type(line: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(rename = "type")]
+        ty: String,
+    }
+    serde_json::from_str::<Head>(line).ok().map(|h| h.ty)
+}
+
+impl Recording {
+    /// Ends the current run: what its output lost.
+    fn close_run(&mut self, dropped: Option<(u64, u64)>) {
+        if let (Some(run), Some((first, last))) = (self.runs.last_mut(), dropped) {
+            run.events_dropped = last.saturating_sub(first);
+        }
     }
 }
 
@@ -213,63 +290,17 @@ struct ReplayedLimit {
     changed_cycle: Option<u64>,
 }
 
-fn dev_text(dev: u32) -> String {
-    format!("{}:{}", dev_major(dev), dev_minor(dev))
-}
-
-/// Replays one run with `policy`: each recorded cycle, with the SLOs of `slo` where given,
-/// and the limits the replayed policy set itself. Pure: the same inputs give the same
-/// outcome.
+/// Replays one run with `policy`: each recorded cycle, with the SLOs of `slo` where given.
+/// Pure: the same inputs give the same outcome.
+///
+/// While a service's replayed decisions on a disk match the recorded ones, it sees the
+/// limits recorded in the input (what the agent really had, a rejected write included);
+/// from its first difference on, the limits the replayed policy set itself.
 pub fn replay_run(
     run: &RecordedRun,
     policy: &mut dyn Policy,
     slo: &HashMap<String, SloClass>,
 ) -> ReplayOutcome {
-    let mut limits: HashMap<(ServiceId, u32), ReplayedLimit> = HashMap::new();
-    let mut replayed: BTreeMap<DecisionKey, Option<u64>> = BTreeMap::new();
-    let mut cycles = BTreeSet::new();
-    for input in &run.inputs {
-        cycles.insert(input.cycle);
-        for &sid in &input.forgotten_services {
-            policy.forget_service(sid);
-            limits.retain(|&(s, _), _| s != sid);
-        }
-        for recorded in &input.devices {
-            let mut d: DeviceCycle = recorded.clone();
-            for s in &mut d.services {
-                if let Some(&class) = slo.get(&s.name) {
-                    s.class = class;
-                }
-                let own = limits.get(&(s.id, d.dev)).copied().unwrap_or_default();
-                s.limit = own.limit;
-                s.changed_cycle = own.changed_cycle;
-            }
-            let mut decisions = policy::ceilings(&d);
-            decisions.extend(policy.decide(&d));
-            for dec in decisions {
-                let Some(name) = d
-                    .services
-                    .iter()
-                    .find(|s| s.id == dec.service)
-                    .map(|s| s.name.clone())
-                else {
-                    continue;
-                };
-                let st = limits.entry((dec.service, d.dev)).or_default();
-                st.limit.set(dec.knob, dec.to);
-                st.changed_cycle = Some(d.cycle);
-                replayed.insert(
-                    DecisionKey {
-                        cycle: d.cycle,
-                        dev: dev_text(d.dev),
-                        service: name,
-                        knob: dec.knob.name().to_string(),
-                    },
-                    dec.to,
-                );
-            }
-        }
-    }
     let recorded: BTreeMap<DecisionKey, Option<u64>> = run
         .decisions
         .iter()
@@ -285,6 +316,84 @@ pub fn replay_run(
             ))
         })
         .collect();
+    // The decisions of one service on one disk in one cycle, knob by knob.
+    let of_service = |decisions: &BTreeMap<DecisionKey, Option<u64>>,
+                      cycle: u64,
+                      dev: &str,
+                      service: &str|
+     -> Vec<(String, Option<u64>)> {
+        decisions
+            .iter()
+            .filter(|(k, _)| k.cycle == cycle && k.dev == dev && k.service == service)
+            .map(|(k, v)| (k.knob.clone(), *v))
+            .collect()
+    };
+    let mut own: HashMap<(ServiceId, u32), ReplayedLimit> = HashMap::new();
+    let mut diverged: HashSet<(ServiceId, u32)> = HashSet::new();
+    let mut replayed: BTreeMap<DecisionKey, Option<u64>> = BTreeMap::new();
+    let mut cycles = BTreeSet::new();
+    for input in &run.inputs {
+        cycles.insert(input.cycle);
+        for &sid in &input.forgotten_services {
+            policy.forget_service(sid);
+            own.retain(|&(s, _), _| s != sid);
+            diverged.retain(|&(s, _)| s != sid);
+        }
+        for recorded_cycle in &input.devices {
+            let mut d: DeviceCycle = recorded_cycle.clone();
+            let dev = dev_text(d.dev);
+            for s in &mut d.services {
+                if let Some(&class) = slo.get(&s.name) {
+                    s.class = class;
+                }
+                if diverged.contains(&(s.id, d.dev)) {
+                    let mine = own.get(&(s.id, d.dev)).copied().unwrap_or_default();
+                    s.limit = mine.limit;
+                    s.changed_cycle = mine.changed_cycle;
+                } else {
+                    own.insert(
+                        (s.id, d.dev),
+                        ReplayedLimit {
+                            limit: s.limit,
+                            changed_cycle: s.changed_cycle,
+                        },
+                    );
+                }
+            }
+            let mut decisions = policy::ceilings(&d);
+            decisions.extend(policy.decide(&d));
+            // Nothing is written, and no decision made, for a service without cgroups.
+            decisions.retain(|dec| !input.untargeted_services.contains(&dec.service));
+            for dec in decisions {
+                let Some(name) = d
+                    .services
+                    .iter()
+                    .find(|s| s.id == dec.service)
+                    .map(|s| s.name.clone())
+                else {
+                    continue;
+                };
+                let st = own.entry((dec.service, d.dev)).or_default();
+                st.limit.set(dec.knob, dec.to);
+                st.changed_cycle = Some(d.cycle);
+                replayed.insert(
+                    DecisionKey {
+                        cycle: d.cycle,
+                        dev: dev.clone(),
+                        service: name,
+                        knob: dec.knob.name().to_string(),
+                    },
+                    dec.to,
+                );
+            }
+            for s in &d.services {
+                let mine = of_service(&replayed, d.cycle, &dev, &s.name);
+                if mine != of_service(&recorded, d.cycle, &dev, &s.name) {
+                    diverged.insert((s.id, d.dev));
+                }
+            }
+        }
+    }
     let keys: BTreeSet<&DecisionKey> = recorded.keys().chain(replayed.keys()).collect();
     let differences = keys
         .into_iter()
@@ -379,8 +488,14 @@ pub fn run(opts: &ReplayOptions) -> anyhow::Result<String> {
         if run.inputs.is_empty() {
             continue;
         }
-        let recorded_policy = run.start.policy.as_deref().unwrap_or("none");
-        let name = opts.policy.as_deref().unwrap_or(recorded_policy);
+        let recorded_policy = run.policy().unwrap_or("unknown");
+        let Some(name) = opts.policy.as_deref().or(run.policy()) else {
+            anyhow::bail!(
+                "run {} of {} begins before the file (no agent_start) and no decision names its policy; give --policy",
+                i + 1,
+                opts.file.display()
+            );
+        };
         let threshold = opts
             .ute_threshold
             .or(run.start.ute_threshold)
@@ -393,15 +508,33 @@ pub fn run(opts: &ReplayOptions) -> anyhow::Result<String> {
             );
         };
         let outcome = replay_run(run, policy.as_mut(), &slo);
+        let who = if run.begins_before_file {
+            "begins before the file".to_string()
+        } else {
+            format!(
+                "agent {} on {}, pid {}",
+                run.start.version, run.start.host, run.start.pid
+            )
+        };
         let _ = writeln!(
             out,
-            "run {} (agent {} on {}, pid {}): {} cycles replayed with policy {name} (recorded: {recorded_policy})",
+            "run {} ({who}): {} cycles replayed with policy {name} (recorded: {recorded_policy})",
             i + 1,
-            run.start.version,
-            run.start.host,
-            run.start.pid,
             outcome.cycles
         );
+        if run.begins_before_file {
+            let _ = writeln!(
+                out,
+                "  note: what the policy remembered from before the file is not in it; its first decisions may differ"
+            );
+        }
+        if run.events_dropped > 0 {
+            let _ = writeln!(
+                out,
+                "  note: the agent's output lost {} event(s) during the run (cycle_end.events_dropped); decisions near them may differ",
+                run.events_dropped
+            );
+        }
         for o in &opts.slo {
             let _ = writeln!(out, "  SLO of {}: {}", o.service, o.slo.describe());
         }
@@ -495,6 +628,12 @@ mod tests {
     /// A run recorded as the controller records it: the policy's input each cycle, and
     /// its decisions with the limits it set fed back into the next cycle's input.
     fn recorded_run(cycles: u64, slo_ns: u64) -> RecordedRun {
+        recorded_run_rejecting(cycles, slo_ns, &[])
+    }
+
+    /// As [`recorded_run`], with the writes of the decisions of `rejected` cycles refused
+    /// (as the controller does, the limit stays and the decision's cycle is remembered).
+    fn recorded_run_rejecting(cycles: u64, slo_ns: u64, rejected: &[u64]) -> RecordedRun {
         let mut policy = policy::by_name("adaptive", 0.75).unwrap();
         let mut run = RecordedRun::default();
         let mut limits: HashMap<ServiceId, (IoMaxLimit, Option<u64>)> = HashMap::new();
@@ -535,7 +674,9 @@ mod tests {
             let decisions = policy.decide(&d);
             for dec in &decisions {
                 let e = limits.entry(dec.service).or_default();
-                e.0.set(dec.knob, dec.to);
+                if !rejected.contains(&cycle) {
+                    e.0.set(dec.knob, dec.to);
+                }
                 e.1 = Some(cycle);
                 run.decisions.push(Decision {
                     cycle,
@@ -549,8 +690,8 @@ mod tests {
             }
             run.inputs.push(PolicyInput {
                 cycle,
-                forgotten_services: vec![],
                 devices: vec![d],
+                ..PolicyInput::default()
             });
         }
         run
@@ -568,6 +709,81 @@ mod tests {
         assert_eq!(out.differences, vec![]);
         assert_eq!(out.recorded_decisions, run.decisions.len());
         assert_eq!(out.cycles, 30);
+    }
+
+    #[test]
+    fn a_rejected_write_replays_as_it_happened() {
+        let first = recorded_run(30, 5_000_000).decisions[0].cycle;
+        // The first cap's write is refused: the agent decides again two cycles on.
+        let run = recorded_run_rejecting(30, 5_000_000, &[first]);
+        let again = run
+            .decisions
+            .iter()
+            .filter(|d| d.service == "backup")
+            .count();
+        assert!(again >= 2, "{:?}", run.decisions);
+        let mut policy = policy::by_name("adaptive", 0.75).unwrap();
+        let out = replay_run(&run, policy.as_mut(), &HashMap::new());
+        assert_eq!(out.differences, vec![]);
+    }
+
+    #[test]
+    fn no_decision_for_a_service_without_cgroups() {
+        let mut run = recorded_run(30, 5_000_000);
+        // backup matched no cgroup: the agent wrote nothing and decided nothing for it.
+        run.decisions.retain(|d| d.service != "backup");
+        for input in &mut run.inputs {
+            input.untargeted_services = vec![1];
+        }
+        let mut policy = policy::by_name("adaptive", 0.75).unwrap();
+        let out = replay_run(&run, policy.as_mut(), &HashMap::new());
+        assert_eq!(out.differences, vec![]);
+    }
+
+    #[test]
+    fn a_file_that_begins_inside_a_run_replays_with_the_policy_its_decisions_name() {
+        let run = recorded_run(30, 5_000_000);
+        let mut text = String::new();
+        for input in &run.inputs {
+            let e = RecordedEvent {
+                schema: crate::events::SCHEMA_VERSION,
+                ts: String::new(),
+                event: Event::PolicyInput(input.clone()),
+            };
+            text.push_str(&serde_json::to_string(&e).unwrap());
+            text.push('\n');
+            for d in run.decisions.iter().filter(|d| d.cycle == input.cycle) {
+                let e = RecordedEvent {
+                    schema: crate::events::SCHEMA_VERSION,
+                    ts: String::new(),
+                    event: Event::Decision(d.clone()),
+                };
+                text.push_str(&serde_json::to_string(&e).unwrap());
+                text.push('\n');
+            }
+        }
+        let rec = Recording::parse(Path::new("rotated.ndjson"), &text).unwrap();
+        assert_eq!(rec.runs.len(), 1);
+        let r = &rec.runs[0];
+        assert!(r.begins_before_file);
+        assert_eq!(r.policy(), Some("adaptive"));
+        assert_eq!(
+            (r.inputs.len(), r.decisions.len()),
+            (30, run.decisions.len())
+        );
+        let mut policy = policy::by_name("adaptive", 0.75).unwrap();
+        assert_eq!(
+            replay_run(r, policy.as_mut(), &HashMap::new()).differences,
+            vec![]
+        );
+        // A policy_input the reader cannot take stops replay, naming the line.
+        let broken = text.replacen("\"cycle\":3,", "\"cycle\":\"three\",", 1);
+        let e = Recording::parse(Path::new("rotated.ndjson"), &broken).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("policy_input event that cannot be read"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -493,8 +493,6 @@ impl Drop for Agent {
     }
 }
 
-/// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
-/// Asserts the agent's byte count is within `fraction` of the kernel's.
 /// Every line the agent wrote reads into the typed event model and writes back as the same
 /// JSON: the model the readers use is the one the agent writes, field for field.
 pub fn assert_events_round_trip(events_file: &Path) {
@@ -520,6 +518,8 @@ pub fn assert_events_round_trip(events_file: &Path) {
     assert!(n > 0, "no events in {}", events_file.display());
 }
 
+/// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
+/// Asserts the agent's byte count is within `fraction` of the kernel's.
 pub fn assert_bytes_within(name: &str, agent: u64, kernel: u64, fraction: f64, diag: &str) {
     let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
     assert!(

@@ -24,10 +24,10 @@ use std::{
 
 use hdrhistogram::Histogram;
 use isolator::{
-    cgroupfs::{CgroupMode, IoHierarchy},
-    collector::SparseHist,
+    collect::collector::SparseHist,
     enforcer::{Enforcer, Journal, KnobRef, Setting},
-    metrics::{percentile, HistWindow, LatencySummary, MAX_WINDOW_CYCLES, MAX_WINDOW_NS},
+    identify::cgroupfs::{CgroupMode, IoHierarchy},
+    measure::metrics::{percentile, HistWindow, LatencySummary, MAX_WINDOW_CYCLES, MAX_WINDOW_NS},
     policy::Knob,
 };
 use isolator_common::{
@@ -39,18 +39,23 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 /// Live heap bytes, to weigh what each representation holds.
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+// SAFETY: every method forwards to the system allocator with the caller's own arguments,
+// so it keeps GlobalAlloc's contract exactly; the counter is only bookkeeping.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` came from this allocator (hence System) with layout `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         LIVE.fetch_add(new, Ordering::Relaxed);
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` came from System with layout `l`; `new` is the caller's valid size.
         unsafe { System.realloc(p, l, new) }
     }
 }

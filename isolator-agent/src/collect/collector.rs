@@ -17,7 +17,7 @@ use isolator_common::{
     STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
 };
 
-use crate::disks::DiskStat;
+use crate::identify::disks::DiskStat;
 
 /// Sparse histogram delta: (bucket index, count), ascending by index.
 pub type SparseHist = Vec<(u16, u64)>;

@@ -14,7 +14,7 @@ use isolator_common::{
     STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
 };
 
-use crate::btf::{BtfError, KernelBtf};
+use crate::collect::btf::{BtfError, KernelBtf};
 
 /// The eBPF object, built by build.rs from isolator-ebpf.
 pub static EBPF_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/isolator.bpf.o"));
@@ -312,7 +312,10 @@ impl Probe {
             // issued before are told apart by their issue time (and, near this moment, by
             // EARLY_COUNTED, open until the agent's first cycle).
             self.state_set(STATE_EARLY_WINDOW, 1)?;
-            self.state_set(STATE_FIRST_ISSUE_NS, crate::collector::monotonic_ns())?;
+            self.state_set(
+                STATE_FIRST_ISSUE_NS,
+                crate::collect::collector::monotonic_ns(),
+            )?;
         }
         self.attach(ISSUE_TRACEPOINT)?;
         self.issue_attached = true;

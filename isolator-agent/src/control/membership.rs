@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::report;
 use crate::{
     config::{Config, Matcher, Owner, ServiceSpec},
-    docker::ContainerTable,
     events::Event,
-    labels,
-    naming::ServiceKind,
+    identify::docker::ContainerTable,
+    identify::labels,
+    identify::naming::ServiceKind,
     policy::ServiceId,
 };
 

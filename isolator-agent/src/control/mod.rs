@@ -10,16 +10,14 @@ mod report;
 
 use std::collections::HashMap;
 
-use isolator_common::{dev_major, dev_minor};
-
 use self::{membership::Membership, plan::Enforcement};
 use crate::{
-    cgroupfs::IoHierarchy,
-    collector::Snapshot,
+    collect::collector::Snapshot,
     config::Config,
-    docker::ContainerTable,
     enforcer::Enforcer,
     events::Event,
+    identify::cgroupfs::IoHierarchy,
+    identify::docker::ContainerTable,
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId},
 };
 
@@ -136,9 +134,18 @@ impl Controller {
         if devices.is_empty() && self.forgotten.is_empty() {
             return None;
         }
+        let mut forgotten = std::mem::take(&mut self.forgotten);
+        forgotten.sort_unstable();
+        let untargeted: std::collections::BTreeSet<ServiceId> = devices
+            .iter()
+            .flat_map(|d| &d.services)
+            .map(|s| s.id)
+            .filter(|&sid| self.membership.targets(sid).is_empty())
+            .collect();
         Some(Event::PolicyInput(crate::events::PolicyInput {
             cycle,
-            forgotten_services: std::mem::take(&mut self.forgotten),
+            forgotten_services: forgotten,
+            untargeted_services: untargeted.into_iter().collect(),
             devices: devices.to_vec(),
         }))
     }
@@ -151,7 +158,7 @@ impl Controller {
     ) -> Vec<Event> {
         let mut events = vec![];
         for d in cycles {
-            let dev = format!("{}:{}", dev_major(d.dev), dev_minor(d.dev));
+            let dev = crate::identify::disks::dev_text(d.dev);
             for s in &d.services {
                 events.push(report::service_stats(d, s, &dev, disk_name(d.dev)));
                 let st = self.states.entry((s.id, d.dev)).or_default();

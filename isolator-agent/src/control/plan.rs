@@ -5,8 +5,6 @@
 
 use std::collections::HashSet;
 
-use isolator_common::{dev_major, dev_minor};
-
 use super::{membership::Target, report, DevState};
 use crate::{
     enforcer::{EnforceError, Enforcer, Setting},
@@ -79,7 +77,7 @@ impl Enforcement {
         state: &mut DevState,
         dec: Decision,
     ) -> Vec<Event> {
-        let dev = &format!("{}:{}", dev_major(d.dev), dev_minor(d.dev));
+        let dev = &crate::identify::disks::dev_text(d.dev);
         let old = state.limit.get(dec.knob);
         if targets.is_empty() {
             if self.said.insert(format!("notargets:{service}")) {
@@ -153,7 +151,7 @@ impl Enforcement {
         weight: u32,
     ) -> Vec<Event> {
         // blkio.bfq.weight stops at 1000; io.weight goes to 10000.
-        let weight = if self.enforcer.mode() == crate::cgroupfs::CgroupMode::V1 {
+        let weight = if self.enforcer.mode() == crate::identify::cgroupfs::CgroupMode::V1 {
             weight.min(1000)
         } else {
             weight

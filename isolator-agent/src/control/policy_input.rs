@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use super::{membership::Membership, ServiceStates};
 use crate::{
-    collector::Snapshot,
+    collect::collector::Snapshot,
+    measure::metrics::percentile,
     measure::services::ServiceIoByDevice,
-    metrics::percentile,
     policy::{DeviceCycle, ServiceLoad},
 };
 

@@ -6,7 +6,7 @@ use crate::{
     config::ServiceSpec,
     enforcer::EnforceError,
     events::{Event, LabelSloInfo, ViolationInfo},
-    metrics::{log2_histogram, percentile},
+    measure::metrics::{log2_histogram, percentile},
     policy::{Decision, DeviceCycle, ServiceLoad},
 };
 

@@ -1,7 +1,7 @@
 use super::*;
 use crate::{
-    cgroupfs::CgroupMode,
-    docker::{ContainerInfo, DockerUpdate},
+    identify::cgroupfs::CgroupMode,
+    identify::docker::{ContainerInfo, DockerUpdate},
 };
 
 fn outcomes(events: &[Event]) -> Vec<(String, String)> {
@@ -643,7 +643,7 @@ fn step_on_a_recorded_device_cycle_sequence_is_deterministic() {
 fn one_service_is_measured_over_its_cgroups_and_a_limited_idle_one_still_gets_a_say() {
     use isolator_common::{IoKey, OP_READ, OP_WRITE};
 
-    use crate::collector::{KeyDelta, Snapshot};
+    use crate::collect::collector::{KeyDelta, Snapshot};
     let config = format!("{BATCH}[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n");
     let mut rig = Rig::new(
         CgroupMode::V2,

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::host_files::{BlockDevices, CgroupFiles, PathEntry};
-use crate::cgroupfs::{CgroupMode, IoHierarchy};
+use crate::identify::cgroupfs::{CgroupMode, IoHierarchy};
 
 /// Where the fake hierarchy is mounted; nothing is ever created there.
 const ROOT: &str = "/fake-cgroupfs";

@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::cgroupfs::IoHierarchy;
+use crate::identify::cgroupfs::IoHierarchy;
 
 /// What is at a path, links not followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

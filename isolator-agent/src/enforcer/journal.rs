@@ -13,7 +13,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::{knob::KnobRef, EnforceError};
-use crate::private_file;
+use crate::events::private_file;
 
 pub const DEFAULT_JOURNAL_DIR: &str = "/run/isolator";
 pub(super) const JOURNAL_FILE: &str = "journal.json";

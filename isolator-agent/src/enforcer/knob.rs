@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::Setting;
-use crate::{cgroupfs::CgroupMode, policy::Knob};
+use crate::{identify::cgroupfs::CgroupMode, policy::Knob};
 
 /// The cgroup files the agent writes, and nothing else.
 const FILES: [&str; 7] = [

@@ -18,7 +18,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use isolator_common::{dev_major, dev_minor};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -29,7 +28,7 @@ pub use self::{
     knob::KnobRef,
 };
 use crate::{
-    cgroupfs::{CgroupMode, IoHierarchy},
+    identify::cgroupfs::{CgroupMode, IoHierarchy},
     policy::Knob,
 };
 
@@ -149,7 +148,7 @@ fn read_file(files: &dyn CgroupFiles, file: &Path) -> Result<String, EnforceErro
 }
 
 fn dev_str(dev: u32) -> String {
-    format!("{}:{}", dev_major(dev), dev_minor(dev))
+    crate::identify::disks::dev_text(dev)
 }
 
 /// The result of one applied setting.

@@ -19,14 +19,14 @@ use serde::{Deserialize, Serialize};
 pub use sink::NdjsonSink;
 
 use crate::{
-    cgroupfs::CgroupMode,
+    collect::probe::{KernelFeatures, ProgramStats, StatsCapacity},
     config::SloClass,
-    docker::ContainerTable,
-    metrics::OpStats,
-    naming::{self, QosClass, Runtime, ServiceKind},
+    events::stream::ReplayRole,
+    identify::cgroupfs::CgroupMode,
+    identify::docker::ContainerTable,
+    identify::naming::{self, QosClass, Runtime, ServiceKind},
+    measure::metrics::OpStats,
     policy::{Cause, DeviceCycle, IoMaxLimit, ServiceId},
-    probe::{KernelFeatures, ProgramStats, StatsCapacity},
-    stream::ReplayRole,
 };
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -57,7 +57,7 @@ pub struct CgroupRef {
 }
 
 impl CgroupRef {
-    /// Names a cgroup from its path (see [`crate::naming`]) and, for a Docker container,
+    /// Names a cgroup from its path (see [`crate::identify::naming`]) and, for a Docker container,
     /// by the name Docker gives it.
     pub fn new(id: u64, path: Option<String>, containers: &ContainerTable) -> CgroupRef {
         let named = path.as_deref().map(naming::name_path);
@@ -109,8 +109,11 @@ pub struct DeviceStats {
 pub struct Totals {
     pub read_bytes: u64,
     pub write_bytes: u64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub read_mbps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub write_mbps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub iops: f64,
 }
 
@@ -124,6 +127,7 @@ pub struct ViolationInfo {
     pub p999_ns: Option<u64>,
     pub slo: SloClass,
     pub vio: Option<f64>,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub rate_bps: f64,
 }
 
@@ -155,6 +159,7 @@ pub struct AgentStart {
     pub cgroup_mode: CgroupMode,
     pub cgroup_root: String,
     pub attach: String,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub interval_s: f64,
     /// Control: the policy, or null when the agent only observes.
     pub policy: Option<String>,
@@ -173,6 +178,7 @@ pub struct AgentStart {
 #[serde(default)]
 pub struct CgroupStats {
     pub cycle: u64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub interval_s: f64,
     pub cgroup: CgroupRef,
     pub totals: Totals,
@@ -190,6 +196,7 @@ pub struct CgroupGone {
 #[serde(default)]
 pub struct CycleEnd {
     pub cycle: u64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub interval_s: f64,
     pub cgroups: usize,
     pub tracked_keys: usize,
@@ -235,14 +242,20 @@ pub struct ServiceStats {
     /// Ids of the cgroups whose I/O on this device this cycle is the service's.
     pub cgroups: Vec<u64>,
     pub mean_latency_ns: Option<u64>,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub read_mbps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub write_mbps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub iops: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub mean_inflight: f64,
     pub peak_inflight: Option<u64>,
     pub vio: Option<f64>,
     pub th_dif_mbps: Option<f64>,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub share: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     pub limit: IoMaxLimit,
 }
@@ -257,6 +270,9 @@ pub struct PolicyInput {
     /// Services whose remembered policy state was dropped before this cycle (they started
     /// over on new cgroups, or left).
     pub forgotten_services: Vec<ServiceId>,
+    /// Services that match no cgroup this cycle: nothing can be written for them, so the
+    /// agent makes no decision for them whatever the policy says.
+    pub untargeted_services: Vec<ServiceId>,
     pub devices: Vec<DeviceCycle>,
 }
 
@@ -356,6 +372,7 @@ pub struct DiskCycle {
     pub dev: String,
     pub disk: Option<String>,
     /// Fraction of the cycle the disk had requests in flight (io_ticks).
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
 }
 
@@ -423,6 +440,12 @@ impl Event {
     }
 }
 
+/// A number a reader takes: the agent's JSON writer spells a non-finite float `null`, and
+/// a whole event must not be lost to one such value (NaN, as written).
+pub fn f64_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// One line of the stream as a reader gets it: the event with its envelope.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedEvent {
@@ -465,6 +488,89 @@ impl RecordedEvent {
                     _ => Err(ReadError::NotAnEvent(format!("{e}: {line:.80}"))),
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        config::Rate,
+        policy::{IoMaxLimit, ServiceLoad},
+    };
+
+    /// `policy_input` is made of the policy's own types: a field renamed there changes the
+    /// recorded stream, so its wire form is pinned here (a change is a schema decision).
+    #[test]
+    fn policy_input_wire_form_is_pinned() {
+        let e = Event::PolicyInput(PolicyInput {
+            cycle: 7,
+            forgotten_services: vec![2],
+            untargeted_services: vec![],
+            devices: vec![DeviceCycle {
+                cycle: 7,
+                dev: (254 << 20) | 16,
+                interval_s: 1.0,
+                utilization: 0.5,
+                services: vec![ServiceLoad {
+                    id: 0,
+                    name: "db".into(),
+                    class: SloClass::Latency { p999_ns: 5_000_000 },
+                    floor: Some(Rate::BytesPerSec(1_000_000)),
+                    ceiling: None,
+                    read_bps: 4e6,
+                    write_bps: 0.0,
+                    read_iops: 1000.0,
+                    write_iops: 0.0,
+                    p999_ns: Some(900_000),
+                    samples: 1000,
+                    mean_latency_ns: Some(250_000.5),
+                    mean_inflight: 0.25,
+                    peak_inflight: None,
+                    limit: IoMaxLimit {
+                        wbps: Some(1 << 20),
+                        ..IoMaxLimit::default()
+                    },
+                    latency_hist: vec![(600, 999), (700, 1)],
+                    cgroup_ids: vec![42],
+                    changed_cycle: Some(5),
+                }],
+            }],
+        });
+        let want = json!({
+            "type": "policy_input", "cycle": 7, "forgotten_services": [2],
+            "untargeted_services": [],
+            "devices": [{
+                "cycle": 7, "dev": 266338320u32, "interval_s": 1.0, "utilization": 0.5,
+                "services": [{
+                    "id": 0, "name": "db", "slo": {"class": "latency", "p999_ns": 5000000},
+                    "floor": {"bytes_per_sec": 1000000}, "ceiling": null,
+                    "read_bps": 4e6, "write_bps": 0.0, "read_iops": 1000.0, "write_iops": 0.0,
+                    "p999_ns": 900000, "samples": 1000, "mean_latency_ns": 250000.5,
+                    "mean_inflight": 0.25, "peak_inflight": null,
+                    "limit": {"rbps": null, "wbps": 1048576, "riops": null, "wiops": null},
+                    "latency_hist": [[600, 999], [700, 1]], "cgroup_ids": [42],
+                    "changed_cycle": 5
+                }]
+            }]
+        });
+        assert_eq!(serde_json::to_value(&e).unwrap(), want);
+        // And it reads back as itself.
+        let back: Event = serde_json::from_value(want).unwrap();
+        assert_eq!(back, e);
+    }
+
+    /// A float the writer could only spell `null` (NaN) does not cost the reader the event.
+    #[test]
+    fn a_null_number_reads_as_nan_not_as_a_lost_event() {
+        let line = r#"{"schema":1,"ts":"","type":"cycle_end","cycle":3,"interval_s":null}"#;
+        let e = RecordedEvent::parse(line).unwrap();
+        match e.event {
+            Event::CycleEnd(end) => assert!(end.interval_s.is_nan() && end.cycle == 3),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use crate::private_file;
+use crate::events::private_file;
 
 /// Lines queued for a writer that does not keep up, at most: beyond, they are dropped.
 const MAX_QUEUED_BYTES: usize = 16 << 20;

@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use super::{Event, SCHEMA_VERSION};
 use crate::{
-    output::{Notice, Output, Target},
-    private_file::PrivateFileError,
-    stream::StreamServer,
+    events::output::{Notice, Output, Target},
+    events::private_file::PrivateFileError,
+    events::stream::StreamServer,
 };
 
 #[derive(Serialize)]
@@ -22,7 +22,7 @@ struct Envelope<'a> {
 
 /// Writes events as NDJSON, and to the readers of the event socket when one is served.
 /// Emitting never fails and never blocks: the output has a writer thread of its own (see
-/// [`crate::output`]), and what happens to it comes back as warning events.
+/// [`crate::events::output`]), and what happens to it comes back as warning events.
 pub struct NdjsonSink {
     out: Output,
     socket: Option<StreamServer>,
@@ -38,7 +38,7 @@ impl NdjsonSink {
     }
 
     /// Appends to `path`, created 0600, never through a symbolic link (see
-    /// [`crate::private_file`]).
+    /// [`crate::events::private_file`]).
     pub fn file(path: &Path) -> Result<Self, PrivateFileError> {
         Ok(NdjsonSink::new(Output::start(Target::File(
             path.to_path_buf(),

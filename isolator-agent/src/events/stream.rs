@@ -119,7 +119,7 @@ impl StreamServer {
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             // Private like the journal it usually shares (/run/isolator).
-            crate::private_file::create_dir(dir)
+            crate::events::private_file::create_dir(dir)
                 .map_err(|e| StreamError::Io(shown.clone(), io::Error::other(e.to_string())))?;
         }
         // Created 0600 (umask) so no other user can connect before the chmod.

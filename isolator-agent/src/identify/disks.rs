@@ -2,6 +2,15 @@
 
 use std::collections::HashMap;
 
+/// A disk as events and the kernel's files name it: `major:minor`.
+pub fn dev_text(dev: u32) -> String {
+    format!(
+        "{}:{}",
+        isolator_common::dev_major(dev),
+        isolator_common::dev_minor(dev)
+    )
+}
+
 use isolator_common::{dev_major, dev_minor, kernel_dev};
 
 /// Names disks by dev_t from /sys/dev/block.

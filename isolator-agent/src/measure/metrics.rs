@@ -4,10 +4,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use isolator_common::{bucket_lower_ns, bucket_representative_ns, bucket_width_ns, IoKey};
+use isolator_common::{
+    bucket_lower_ns, bucket_representative_ns, bucket_width_ns, IoKey, Latencies, Latency,
+};
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{KeyDelta, SparseHist};
+use crate::collect::collector::{KeyDelta, SparseHist};
 
 /// A p99.9 needs 1000 samples to be anything but the maximum.
 pub const P999_MIN_SAMPLES: u64 = 1000;
@@ -22,6 +24,7 @@ pub const MAX_WINDOW_NS: u64 = 60_000_000_000;
 #[serde(default)]
 pub struct LatencySummary {
     pub samples: u64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub window_s: f64,
     pub window_cycles: usize,
     pub p50_ns: Option<u64>,
@@ -164,8 +167,10 @@ impl HistWindow {
 pub struct OpStats {
     pub ios: u64,
     pub bytes: u64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub iops: f64,
     /// Megabytes (10^6 bytes) per second.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub mbps: f64,
     pub latency: LatencySummary,
     pub queue: LatencySummary,
@@ -188,13 +193,14 @@ pub struct Inflight {
     pub peak: Option<u64>,
     /// Time-average over the cycle (Little's law: device busy time of the cycle's
     /// completions / cycle length).
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub mean: f64,
 }
 
 /// Keeps the histogram windows of every key and turns deltas into [`OpStats`].
 #[derive(Default)]
 pub struct Metrics {
-    windows: HashMap<IoKey, [HistWindow; 3]>,
+    windows: HashMap<IoKey, Latencies<HistWindow>>,
 }
 
 impl Metrics {
@@ -206,23 +212,22 @@ impl Metrics {
         interval_ns: u64,
         inflight_counted: bool,
     ) -> Option<OpStats> {
-        let [lat, queue, total] = self.windows.entry(d.key).or_default();
-        lat.push(interval_ns, d.latency.device.hist.clone());
-        queue.push(interval_ns, d.latency.queue.hist.clone());
-        total.push(interval_ns, d.latency.total.hist.clone());
+        let windows = self.windows.entry(d.key).or_default();
+        for which in Latency::ALL {
+            windows
+                .get_mut(which)
+                .push(interval_ns, d.latency.get(which).hist.clone());
+        }
         if d.is_idle() {
             return None;
         }
         let secs = interval_ns as f64 / 1e9;
-        let mut latency = lat.summary();
-        latency.mean_ns =
-            (d.latency.device.count > 0).then(|| d.latency.device.sum_ns / d.latency.device.count);
-        let mut q = queue.summary();
-        q.mean_ns =
-            (d.latency.queue.count > 0).then(|| d.latency.queue.sum_ns / d.latency.queue.count);
-        let mut t = total.summary();
-        t.mean_ns =
-            (d.latency.total.count > 0).then(|| d.latency.total.sum_ns / d.latency.total.count);
+        let [latency, q, t] = Latency::ALL.map(|which| {
+            let delta = d.latency.get(which);
+            let mut summary = windows.get_mut(which).summary();
+            summary.mean_ns = (delta.count > 0).then(|| delta.sum_ns / delta.count);
+            summary
+        });
         Some(OpStats {
             ios: d.ios,
             bytes: d.bytes,

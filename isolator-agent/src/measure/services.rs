@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use isolator_common::{OP_READ, OP_WRITE};
 
-use crate::{collector::Snapshot, metrics::HistSum, policy::ServiceId};
+use crate::{collect::collector::Snapshot, measure::metrics::HistSum, policy::ServiceId};
 
 /// One service's I/O on one device this cycle.
 #[derive(Default)]

@@ -112,9 +112,13 @@ pub struct ServiceLoad {
     pub class: SloClass,
     pub floor: Option<Rate>,
     pub ceiling: Option<Rate>,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub read_bps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub write_bps: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub read_iops: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub write_iops: f64,
     /// p99.9 latency (request start to completion, queueing included) of this cycle's
     /// I/Os, all ops, with its sample count.
@@ -122,6 +126,7 @@ pub struct ServiceLoad {
     pub samples: u64,
     pub mean_latency_ns: Option<f64>,
     /// Time-averaged requests in flight (Little's law: summed latency / interval).
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub mean_inflight: f64,
     /// None unless requests are counted in flight (`--count-inflight`).
     pub peak_inflight: Option<u64>,
@@ -226,8 +231,10 @@ impl ServiceLoad {
 pub struct DeviceCycle {
     pub cycle: u64,
     pub dev: u32,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub interval_s: f64,
     /// Fraction of the cycle the device had requests in flight (io_ticks), 0..1.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     pub services: Vec<ServiceLoad>,
 }
@@ -267,14 +274,18 @@ pub struct Cause {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub th_dif_bps: Option<f64>,
     /// Device-time share of the throttled service.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub share: f64,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     /// Throughput of the changed service in the cycle, bytes/s.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub rate_bps: f64,
     /// Concurrency level P realised by an IOPS cap (Little's law), with the measured
     /// mean in-flight it is checked against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<f64>,
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub mean_inflight: f64,
 }
 

@@ -24,8 +24,9 @@ use ratatui::crossterm::event::{self, Event as TermEvent, KeyEventKind};
 
 use crate::{
     agent::{Agent, RunOptions},
+    collect::probe,
     events::NdjsonSink,
-    privileges, probe,
+    privileges,
 };
 use app::{App, Flow};
 use model::StreamError;
@@ -40,7 +41,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(250);
 #[derive(clap::Args)]
 pub struct TopOptions {
     /// The running agent's event socket (`isolator run --socket`).
-    #[arg(long, value_name = "PATH", default_value = crate::stream::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = crate::events::stream::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// Cycle length of the collector top runs itself when no agent serves the socket.
     #[arg(long, default_value = "1s", value_parser = crate::agent::parse_interval)]

@@ -11,7 +11,7 @@ use crate::{
         CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent, ServiceStats,
         ViolationInfo, SCHEMA_VERSION,
     },
-    metrics::LatencySummary,
+    measure::metrics::LatencySummary,
     policy::IoMaxLimit,
 };
 
@@ -352,8 +352,8 @@ impl Model {
                     version: start.version.clone(),
                     pid: start.pid.into(),
                     cgroup_mode: match start.cgroup_mode {
-                        crate::cgroupfs::CgroupMode::V1 => "v1",
-                        crate::cgroupfs::CgroupMode::V2 => "v2",
+                        crate::identify::cgroupfs::CgroupMode::V1 => "v1",
+                        crate::identify::cgroupfs::CgroupMode::V2 => "v2",
                     }
                     .into(),
                     policy: start.policy.clone(),
