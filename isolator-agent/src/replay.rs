@@ -55,21 +55,27 @@ fn parse_slo_override(s: &str) -> Result<SloOverride, String> {
     if service.is_empty() {
         return Err(format!("'{s}' names no service; write e.g. db=10ms"));
     }
+    let unknown = || {
+        format!(
+            "'{value}' is not an SLO; write a p99.9 target (db=10ms), a rate (backup=150MB/s) or best-effort"
+        )
+    };
     let slo = if value == "best-effort" {
         SloClass::BestEffort
-    } else if value.ends_with('s') && !value.ends_with("/s") {
+    } else if value.ends_with("/s") {
+        match config::parse_rate(value)? {
+            Rate::BytesPerSec(rate_bps) => SloClass::Throughput { rate_bps },
+            Rate::IosPerSec(_) => return Err(unknown()),
+        }
+    } else if value.to_ascii_lowercase().ends_with("iops") {
+        // An SLO is a latency or a byte rate; IOPS are for floors and ceilings.
+        return Err(unknown());
+    } else if value.ends_with('s') && value.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
         SloClass::Latency {
             p999_ns: config::parse_duration_ns(value)?,
         }
     } else {
-        match config::parse_rate(value)? {
-            Rate::BytesPerSec(rate_bps) => SloClass::Throughput { rate_bps },
-            Rate::IosPerSec(_) => {
-                return Err(format!(
-                    "'{value}': a throughput SLO is in bytes per second; write e.g. 150MB/s"
-                ))
-            }
-        }
+        return Err(unknown());
     };
     Ok(SloOverride {
         service: service.to_string(),
@@ -596,9 +602,17 @@ mod tests {
             parse_slo_override("web=best-effort").unwrap().slo,
             SloClass::BestEffort
         );
-        for bad in ["db", "=10ms", "db=fast", "db=10", "db=100iops", "db=-1ms"] {
+        for bad in [
+            "db",
+            "=10ms",
+            "db=fast",
+            "db=10",
+            "db=100iops",
+            "db=-1ms",
+            "db=0ms",
+        ] {
             let e = parse_slo_override(bad).unwrap_err();
-            assert!(e.contains("write") || e.contains("unit"), "{bad}: {e}");
+            assert!(e.contains("write"), "{bad}: {e}");
         }
     }
 
