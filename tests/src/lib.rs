@@ -1143,3 +1143,169 @@ pub mod churn {
         }
     }
 }
+
+/// docs/events.md as the test suite reads it: the tables of every event, and a check of one
+/// real event against them (every field documented with its type, every `always` field
+/// there).
+pub mod events_doc {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use serde_json::Value;
+
+    use super::workspace_root;
+
+    #[derive(Debug)]
+    pub struct Field {
+        types: BTreeSet<String>,
+        always: bool,
+    }
+
+    /// event type -> path -> field, from the tables in docs/events.md. Envelope fields go
+    /// under "*".
+    pub fn documented() -> BTreeMap<String, BTreeMap<String, Field>> {
+        let md = std::fs::read_to_string(workspace_root().join("docs/events.md")).unwrap();
+        let mut out: BTreeMap<String, BTreeMap<String, Field>> = BTreeMap::new();
+        let mut section = String::new();
+        for line in md.lines() {
+            if let Some(h) = line.strip_prefix("## ") {
+                section = if h.starts_with("Envelope") {
+                    "*".into()
+                } else {
+                    h.trim_matches('`').to_string()
+                };
+                continue;
+            }
+            // `\|` inside a cell separates alternative types.
+            let line = line.replace("\\|", "\u{1}");
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            if cells.len() < 5 || !cells[1].starts_with('`') {
+                continue;
+            }
+            let path = cells[1].trim_matches('`');
+            let types: BTreeSet<String> = cells[2]
+                .split('\u{1}')
+                .map(|t| t.trim().to_string())
+                .collect();
+            let always = cells[3] == "always";
+            // Expand `{a,b,c}` alternatives.
+            let paths: Vec<String> = match (path.find('{'), path.find('}')) {
+                (Some(a), Some(b)) => path[a + 1..b]
+                    .split(',')
+                    .map(|alt| format!("{}{}{}", &path[..a], alt, &path[b + 1..]))
+                    .collect(),
+                _ => vec![path.to_string()],
+            };
+            for p in paths {
+                out.entry(section.clone()).or_default().insert(
+                    p,
+                    Field {
+                        types: types.clone(),
+                        always,
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    fn json_type(v: &Value) -> &'static str {
+        match v {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    }
+
+    /// Leaf paths of an event (arrays as `[]`), and object paths too.
+    fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(m) => {
+                if !prefix.is_empty() {
+                    out.push((prefix.to_string(), v.clone()));
+                }
+                for (k, x) in m {
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    flatten(&p, x, out);
+                }
+            }
+            Value::Array(a) => {
+                // The array itself is a field too (`cgroups`: array, always).
+                if !prefix.is_empty() {
+                    out.push((prefix.to_string(), v.clone()));
+                }
+                for x in a {
+                    flatten(&format!("{prefix}[]"), x, out);
+                }
+            }
+            _ => out.push((prefix.to_string(), v.clone())),
+        }
+    }
+
+    pub fn validate(doc: &BTreeMap<String, BTreeMap<String, Field>>, e: &Value) {
+        let ty = e["type"].as_str().expect("type");
+        let fields = doc
+            .get(ty)
+            .unwrap_or_else(|| panic!("event type {ty} is not documented"));
+        let env = &doc["*"];
+        let mut leaves = vec![];
+        flatten("", e, &mut leaves);
+        let present: BTreeSet<String> = leaves.iter().map(|(p, _)| p.clone()).collect();
+        for (path, v) in &leaves {
+            let f = env.get(path).or_else(|| fields.get(path));
+            let Some(f) = f else {
+                // Intermediate objects and arrays (cgroup, totals, devices, ...) need no row
+                // of their own.
+                if v.is_object() || v.is_array() {
+                    continue;
+                }
+                panic!("{ty}: field {path} is not documented in docs/events.md");
+            };
+            let t = json_type(v);
+            let ok = f.types.contains(t) || (t == "integer" && f.types.contains("number"));
+            assert!(ok, "{ty}: {path} is {t} ({v}), documented as {:?}", f.types);
+        }
+        for (path, f) in env.iter().chain(fields.iter()) {
+            if !f.always {
+                continue;
+            }
+            // A required field under an optional or array parent is required when the parent
+            // is there.
+            let parent_present = match path.rsplit_once('.') {
+                Some((parent, _)) => {
+                    let optional_parent = fields.get(parent).is_some_and(|p| !p.always);
+                    let in_array = parent.contains("[]");
+                    if optional_parent || in_array {
+                        present
+                            .iter()
+                            .any(|p| p == parent || p.starts_with(&format!("{parent}.")))
+                    } else {
+                        true
+                    }
+                }
+                None => true,
+            };
+            if parent_present {
+                assert!(
+                    present.contains(path),
+                    "{ty}: required field {path} missing in {e}"
+                );
+            }
+        }
+    }
+
+    /// Every event of a run checked against the docs.
+    pub fn assert_events_match_docs(events: &[Value]) {
+        let doc = documented();
+        for e in events {
+            validate(&doc, e);
+        }
+    }
+}

@@ -86,6 +86,9 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
         .iter()
         .any(|e| e["type"] == "violation_end" && e["service"] == "db"));
 
+    // Every event of the controlled run (service_stats, policy_input, decision, violations,
+    // restores) is as docs/events.md says.
+    events_doc::assert_events_match_docs(&events);
     // The run is recorded: every line reads into the typed model, and replaying it with the
     // same policy and SLO makes every decision it made, and no other.
     assert_events_round_trip(&agent.events);
