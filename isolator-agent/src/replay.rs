@@ -322,15 +322,22 @@ pub fn replay_run(
             ))
         })
         .collect();
-    // The decisions of one service on one disk in one cycle, knob by knob.
+    // The decisions of one service on one disk in one cycle, knob by knob: a range of the
+    // map (keys order by cycle, disk, service, knob), not a scan of a day's decisions.
     let of_service = |decisions: &BTreeMap<DecisionKey, Option<u64>>,
                       cycle: u64,
                       dev: &str,
                       service: &str|
      -> Vec<(String, Option<u64>)> {
+        let first = DecisionKey {
+            cycle,
+            dev: dev.to_string(),
+            service: service.to_string(),
+            knob: String::new(),
+        };
         decisions
-            .iter()
-            .filter(|(k, _)| k.cycle == cycle && k.dev == dev && k.service == service)
+            .range(first..)
+            .take_while(|(k, _)| k.cycle == cycle && k.dev == dev && k.service == service)
             .map(|(k, v)| (k.knob.clone(), *v))
             .collect()
     };

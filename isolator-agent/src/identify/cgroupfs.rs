@@ -19,6 +19,22 @@ pub enum CgroupMode {
     V2,
 }
 
+impl CgroupMode {
+    /// As events spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupMode::V1 => "v1",
+            CgroupMode::V2 => "v2",
+        }
+    }
+}
+
+impl std::fmt::Display for CgroupMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error("cannot read {0}: {1}")]

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use crate::{
     config::SloClass,
     events::{
-        CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent, ServiceStats,
-        ViolationInfo, SCHEMA_VERSION,
+        AgentStart, CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent,
+        ServiceStats, ViolationInfo, SCHEMA_VERSION,
     },
     measure::metrics::LatencySummary,
     policy::IoMaxLimit,
@@ -178,19 +178,6 @@ impl Row {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Header {
-    pub host: String,
-    pub kernel: String,
-    pub version: String,
-    pub pid: u64,
-    pub cgroup_mode: String,
-    /// None: the agent only observes.
-    pub policy: Option<String>,
-    pub interval_s: f64,
-    pub dry_run: bool,
-}
-
 /// A disk's totals over all cgroups this cycle.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Disk {
@@ -260,7 +247,8 @@ struct CgroupCycle {
 
 #[derive(Clone)]
 pub struct Model {
-    pub header: Option<Header>,
+    /// The running agent's `agent_start` (None before one arrived).
+    pub header: Option<AgentStart>,
     pub disks: Vec<Disk>,
     pub cycle: u64,
     pub link: Link,
@@ -315,11 +303,6 @@ pub fn latency_words(ns: u64) -> String {
     }
 }
 
-/// A service's state as `service_stats` says it.
-fn state_of(s: &ServiceStats) -> State {
-    State::parse(&s.state)
-}
-
 impl Model {
     /// Takes one NDJSON line from the agent.
     pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
@@ -346,20 +329,7 @@ impl Model {
         match &recorded.event {
             Event::AgentStart(start) => {
                 let restarted = self.header.is_some();
-                let h = Header {
-                    host: start.host.clone(),
-                    kernel: start.kernel.clone(),
-                    version: start.version.clone(),
-                    pid: start.pid.into(),
-                    cgroup_mode: match start.cgroup_mode {
-                        crate::identify::cgroupfs::CgroupMode::V1 => "v1",
-                        crate::identify::cgroupfs::CgroupMode::V2 => "v2",
-                    }
-                    .into(),
-                    policy: start.policy.clone(),
-                    interval_s: start.interval_s,
-                    dry_run: start.dry_run,
-                };
+                let h = start.clone();
                 let text = format!(
                     "agent {} started (pid {}, {}{})",
                     h.version,
@@ -400,36 +370,18 @@ impl Model {
                 );
                 self.push_action(a);
             }
-            Event::ViolationStart(v) => {
+            Event::ViolationStart(v) | Event::ViolationEnd(v) => {
+                let (kind, what) = match &recorded.event {
+                    Event::ViolationStart(_) => (ActionKind::ViolationStart, "violates its SLO"),
+                    _ => (ActionKind::ViolationEnd, "meets its SLO again"),
+                };
                 let text = format!(
-                    "{} violates its SLO on {}: {}",
+                    "{} {what} on {}: {}",
                     v.service,
                     v.dev,
                     violation_numbers(v)
                 );
-                let a = action(
-                    ActionKind::ViolationStart,
-                    Some(v.cycle),
-                    Some(v.service.clone()),
-                    vec![],
-                    text,
-                );
-                self.push_action(a);
-            }
-            Event::ViolationEnd(v) => {
-                let text = format!(
-                    "{} meets its SLO again on {}: {}",
-                    v.service,
-                    v.dev,
-                    violation_numbers(v)
-                );
-                let a = action(
-                    ActionKind::ViolationEnd,
-                    Some(v.cycle),
-                    Some(v.service.clone()),
-                    vec![],
-                    text,
-                );
+                let a = action(kind, Some(v.cycle), Some(v.service.clone()), vec![], text);
                 self.push_action(a);
             }
             Event::Restore(r) => {
@@ -724,7 +676,11 @@ fn cgroup_cycle(v: &CgroupStats) -> CgroupCycle {
 /// A service over its disks: the worst state and p99.9, summed traffic, the tightest limit.
 fn aggregate_service(row: &mut Row, parts: &[ServiceStats]) {
     row.slo = parts.first().map(|p| p.slo);
-    row.state = parts.iter().map(state_of).max().unwrap_or(State::Ok);
+    row.state = parts
+        .iter()
+        .map(|p| State::parse(&p.state))
+        .max()
+        .unwrap_or(State::Ok);
     let worst = parts
         .iter()
         .filter(|p| p.p999_ns.is_some())
