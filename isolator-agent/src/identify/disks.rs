@@ -2,16 +2,12 @@
 
 use std::collections::HashMap;
 
+use isolator_common::{dev_major, dev_minor, kernel_dev};
+
 /// A disk as events and the kernel's files name it: `major:minor`.
 pub fn dev_text(dev: u32) -> String {
-    format!(
-        "{}:{}",
-        isolator_common::dev_major(dev),
-        isolator_common::dev_minor(dev)
-    )
+    format!("{}:{}", dev_major(dev), dev_minor(dev))
 }
-
-use isolator_common::{dev_major, dev_minor, kernel_dev};
 
 /// Names disks by dev_t from /sys/dev/block.
 #[derive(Default)]
@@ -22,7 +18,7 @@ impl DiskNames {
         self.0
             .entry(dev)
             .or_insert_with(|| {
-                let link = format!("/sys/dev/block/{}:{}", dev_major(dev), dev_minor(dev));
+                let link = format!("/sys/dev/block/{}", dev_text(dev));
                 std::fs::read_link(link)
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -45,7 +41,7 @@ pub struct DiskStat {
 
 impl DiskStat {
     pub fn read(dev: u32) -> Option<DiskStat> {
-        let path = format!("/sys/dev/block/{}:{}/stat", dev_major(dev), dev_minor(dev));
+        let path = format!("/sys/dev/block/{}/stat", dev_text(dev));
         DiskStat::parse(&std::fs::read_to_string(path).ok()?)
     }
 
@@ -65,11 +61,7 @@ impl DiskStat {
     /// Whether the kernel counts the disk's requests in this file at all
     /// (queue/iostats; the block layer skips accounting when it is 0).
     pub fn accounted(dev: u32) -> bool {
-        let path = format!(
-            "/sys/dev/block/{}:{}/queue/iostats",
-            dev_major(dev),
-            dev_minor(dev)
-        );
+        let path = format!("/sys/dev/block/{}/queue/iostats", dev_text(dev));
         std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1")
     }
 }
