@@ -7,8 +7,10 @@ cd "$(dirname "$0")/.."
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 # Debian packages: fio and bpftrace for tests/benchmarks, qemu + busybox for the VM tests,
-# losetup (mount) for loop devices.
-PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io)
+# losetup (mount) for loop devices, dockerd and containerd (with ctr) for the container
+# tests, protoc for the build (containerd-client compiles containerd's API protos).
+PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io
+  containerd protobuf-compiler)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -22,12 +22,15 @@ use crate::{
     enforcer::{Enforcer, HostLock, Journal},
     events::stream::{StreamError, StreamServer},
     events::{
-        AgentStart, AgentStop, CgroupGone, CgroupStats, CycleEnd, DeviceStats, DiskCycle,
-        DockerConnected, Event, NdjsonSink, Notice, Totals,
+        AgentStart, AgentStop, CgroupGone, CgroupStats, ContainerdConnected, CycleEnd, DeviceStats,
+        DiskCycle, DockerConnected, Event, NdjsonSink, Notice, Totals,
     },
     identify::cgroupfs::IoHierarchy,
+    identify::containerd,
+    identify::containers::{self, ContainerTable, ContainerUpdate},
     identify::disks::{DiskBusy, DiskNames},
-    identify::docker::{self, ContainerTable, DockerUpdate},
+    identify::docker,
+    identify::naming::Runtime,
     identify::registry::Registry,
     measure::metrics::Metrics,
     policy, privileges,
@@ -64,6 +67,11 @@ pub struct RunOptions {
     /// Docker; containers are named by id).
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
+    /// containerd's API socket, for Kubernetes pods by namespace and name (its namespace
+    /// k8s.io, where the kubelet's containers are; "off": do not ask containerd; pods are
+    /// named by UID).
+    #[arg(long, value_name = "PATH", default_value = containerd::DEFAULT_SOCKET)]
+    pub containerd_socket: PathBuf,
     /// Serve the event stream on this unix socket (mode 0600) for `isolator top` ("off":
     /// do not serve).
     #[arg(long, value_name = "PATH", default_value = crate::events::stream::DEFAULT_SOCKET)]
@@ -149,11 +157,69 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The Docker watcher's channel, and whether its outage was already said.
-struct DockerLink {
+/// A runtime watcher's channel, and whether its outage was already said.
+struct RuntimeLink {
+    runtime: Runtime,
     socket: PathBuf,
-    updates: mpsc::UnboundedReceiver<DockerUpdate>,
+    updates: mpsc::UnboundedReceiver<ContainerUpdate>,
     down_said: bool,
+}
+
+impl RuntimeLink {
+    /// Follows the runtime at `socket` ("off": not at all).
+    fn start(runtime: Runtime, socket: &std::path::Path) -> Option<RuntimeLink> {
+        if socket.as_os_str() == "off" {
+            return None;
+        }
+        let updates = match runtime {
+            Runtime::Containerd => containerd::spawn_watcher(socket.to_path_buf()),
+            _ => docker::spawn_watcher(socket.to_path_buf()),
+        };
+        Some(RuntimeLink {
+            runtime,
+            socket: socket.to_path_buf(),
+            updates,
+            down_said: false,
+        })
+    }
+
+    /// The event that says the runtime answers.
+    fn connected(&self, version: &str, containers: usize) -> Event {
+        let socket = self.socket.display().to_string();
+        match self.runtime {
+            Runtime::Containerd => Event::ContainerdConnected(ContainerdConnected {
+                socket,
+                version: version.into(),
+                namespace: containerd::NAMESPACE.into(),
+                containers,
+            }),
+            _ => Event::DockerConnected(DockerConnected {
+                socket,
+                api_version: version.into(),
+                containers,
+            }),
+        }
+    }
+
+    /// The warning that says it does not, once per outage.
+    fn down(&self, error: &str, retry_in: Duration) -> Event {
+        let (code, who, meanwhile) = match self.runtime {
+            Runtime::Containerd => (
+                "containerd_down",
+                "containerd",
+                "pods are named by UID and their containers by id",
+            ),
+            _ => ("docker_down", "Docker", "containers are named by id"),
+        };
+        Event::Warning(Notice {
+            code: code.into(),
+            message: format!(
+                "{who} is not reachable ({error}); {meanwhile} until it is back (next try in {}s, then backing off to every {}s)",
+                retry_in.as_secs(),
+                containers::BACKOFF_MAX.as_secs()
+            ),
+        })
+    }
 }
 
 pub struct Agent {
@@ -164,7 +230,8 @@ pub struct Agent {
     disks: DiskNames,
     busy: DiskBusy,
     control: Option<Controller>,
-    docker: Option<DockerLink>,
+    docker: Option<RuntimeLink>,
+    containerd: Option<RuntimeLink>,
     /// Fault injection for the tests of what a panic leaves behind (nothing): the cycle
     /// of this number panics. Set by ISOLATOR_FAULT_PANIC_AT_CYCLE.
     panic_at_cycle: Option<u64>,
@@ -313,11 +380,8 @@ impl Agent {
             collector,
             metrics: Metrics::default(),
             registry: Registry::new(hierarchy),
-            docker: (opts.docker_socket.as_os_str() != "off").then(|| DockerLink {
-                updates: docker::spawn_watcher(opts.docker_socket.clone()),
-                socket: opts.docker_socket.clone(),
-                down_said: false,
-            }),
+            docker: RuntimeLink::start(Runtime::Docker, &opts.docker_socket),
+            containerd: RuntimeLink::start(Runtime::Containerd, &opts.containerd_socket),
             disks: DiskNames::default(),
             busy: DiskBusy::at_start(),
             control,
@@ -330,41 +394,33 @@ impl Agent {
         })
     }
 
-    /// Takes what the Docker watcher reported since the last cycle. Returns whether the
-    /// container table changed.
-    fn follow_docker(&mut self) -> bool {
-        let Some(link) = self.docker.as_mut() else {
-            return false;
-        };
+    /// Takes what the runtime watchers reported since the last cycle (never waiting on
+    /// them). Returns whether the container table changed.
+    fn follow_runtimes(&mut self) -> bool {
         let mut changed = false;
-        while let Ok(u) = link.updates.try_recv() {
-            match &u {
-                DockerUpdate::Connected {
-                    api_version,
-                    containers,
-                } => {
-                    link.down_said = false;
-                    self.sink.emit(&Event::DockerConnected(DockerConnected {
-                        socket: link.socket.display().to_string(),
-                        api_version: api_version.clone(),
-                        containers: containers.len(),
-                    }));
+        for link in [self.docker.as_mut(), self.containerd.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            while let Ok(u) = link.updates.try_recv() {
+                match &u {
+                    ContainerUpdate::Connected {
+                        version,
+                        containers,
+                        ..
+                    } => {
+                        link.down_said = false;
+                        self.sink.emit(&link.connected(version, containers.len()));
+                    }
+                    // Said once per outage; the watcher keeps retrying with backoff.
+                    ContainerUpdate::Down { error, retry_in } if !link.down_said => {
+                        link.down_said = true;
+                        self.sink.emit(&link.down(error, *retry_in));
+                    }
+                    _ => {}
                 }
-                // Said once per outage; the watcher keeps retrying with backoff.
-                DockerUpdate::Down { error, retry_in } if !link.down_said => {
-                    link.down_said = true;
-                    self.sink.emit(&Event::Warning(Notice {
-                        code: "docker_down".into(),
-                        message: format!(
-                            "Docker is not reachable ({error}); containers are named by id until it is back (next try in {}s, then backing off to every {}s)",
-                            retry_in.as_secs(),
-                            docker::BACKOFF_MAX.as_secs()
-                        ),
-                    }));
-                }
-                _ => {}
+                changed |= self.registry.apply_containers(&u);
             }
-            changed |= self.registry.apply_docker(&u);
         }
         changed
     }
@@ -418,17 +474,17 @@ impl Agent {
         Ok(snap)
     }
 
-    /// Identify: every cgroup of the snapshot named (registry, Docker), and the services
+    /// Identify: every cgroup of the snapshot named (registry, Docker, containerd), and the services
     /// following the cgroups and containers that exist.
     fn identify(&mut self, snap: &Snapshot) {
-        let containers_changed = self.follow_docker();
+        let containers_changed = self.follow_runtimes();
         let active: BTreeSet<u64> = snap.deltas.iter().map(|d| d.key.cgroup_id).collect();
         let walk = self.registry.update(&active);
         let Some(c) = self.control.as_mut() else {
             return;
         };
-        // Services follow new cgroups and containers: on the registry's walk, when Docker
-        // reports a change, or every 30 cycles for cgroups without I/O yet.
+        // Services follow new cgroups and containers: on the registry's walk, when a
+        // runtime reports a change, or every 30 cycles for cgroups without I/O yet.
         let walk = walk.or_else(|| {
             (containers_changed || snap.cycle.is_multiple_of(30))
                 .then(|| self.registry.hierarchy.scan())
@@ -556,7 +612,14 @@ impl Agent {
             insert_attached: self.probe.insert_attached(),
             issue_attached: self.probe.issue_attached(),
             collect_us: started.elapsed().as_micros() as u64,
-            docker_containers: self.docker.as_ref().map(|_| self.registry.containers.len()),
+            docker_containers: self
+                .docker
+                .as_ref()
+                .map(|_| self.registry.containers.count(Runtime::Docker)),
+            containerd_containers: self
+                .containerd
+                .as_ref()
+                .map(|_| self.registry.containers.count(Runtime::Containerd)),
             events_dropped: self.sink.dropped(),
             disks,
             programs,

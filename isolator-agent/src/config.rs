@@ -12,7 +12,7 @@ use thiserror::Error;
 use toml::Spanned;
 
 use crate::{
-    identify::docker::{ContainerInfo, ContainerTable},
+    identify::containers::{ContainerInfo, ContainerTable, PodMember},
     identify::naming::{self, PathName, ServiceKind},
     policy::MIN_CAP_BPS,
 };
@@ -88,15 +88,26 @@ pub enum Matcher {
     Cgroup(glob::Pattern),
     /// Glob over systemd unit names, e.g. `postgresql@*.service`.
     Unit(glob::Pattern),
-    /// Glob over Docker container names and container ids (full or the 12-hex short id),
+    /// Glob over container names (Docker's; containerd's `namespace/pod/container`) and
+    /// container ids (full or the 12-hex short id),
     /// e.g. `pg-*` or `3f4e5d6c7b8a*`.
     Container(glob::Pattern),
-    /// Glob over Kubernetes pod UIDs: the pod's cgroup (its containers are below it).
+    /// Glob over Kubernetes pod UIDs and (from containerd) pod names: the pod's cgroup
+    /// (its containers are below it), or where a pod has none, its containers' cgroups.
     Pod(glob::Pattern),
-    /// Glob over a Docker container's image, e.g. `postgres:*`.
+    /// Glob over Kubernetes namespaces (from containerd): the cgroups a pod matcher takes.
+    Namespace(glob::Pattern),
+    /// Glob over a container's image (as Docker or containerd says), e.g. `postgres:*`.
     Image(glob::Pattern),
-    /// A Docker container label: `key` present, or `key=glob` with a matching value.
+    /// A container label (Docker's or containerd's): `key` present, or `key=glob` with a
+    /// matching value.
     Label {
+        key: String,
+        value: Option<glob::Pattern>,
+    },
+    /// A pod label (its sandbox's, from containerd), as `Label`: the cgroups a pod matcher
+    /// takes.
+    PodLabel {
         key: String,
         value: Option<glob::Pattern>,
     },
@@ -105,16 +116,17 @@ pub enum Matcher {
 impl Matcher {
     /// The matcher a config key spells. Cgroup paths are anchored at the hierarchy root;
     /// a label is `key` or `key=glob`.
-    fn parse(key: &str, text: &str) -> Result<Matcher, String> {
+    fn parse(key_name: &str, text: &str) -> Result<Matcher, String> {
         let glob = |t: &str| glob::Pattern::new(t.trim()).map_err(|e| e.to_string());
-        Ok(match key {
+        Ok(match key_name {
             "cgroup" if !text.starts_with('/') => Matcher::Cgroup(glob(&format!("/{text}"))?),
             "cgroup" => Matcher::Cgroup(glob(text)?),
             "unit" => Matcher::Unit(glob(text)?),
             "container" => Matcher::Container(glob(text)?),
             "pod" => Matcher::Pod(glob(text)?),
+            "namespace" => Matcher::Namespace(glob(text)?),
             "image" => Matcher::Image(glob(text)?),
-            "label" => {
+            "label" | "pod_label" => {
                 let (k, value) = match text.split_once('=') {
                     Some((k, v)) => (k.trim(), Some(glob(v)?)),
                     None => (text.trim(), None),
@@ -122,9 +134,11 @@ impl Matcher {
                 if k.is_empty() {
                     return Err("the label key is empty".into());
                 }
-                Matcher::Label {
-                    key: k.to_string(),
-                    value,
+                let key = k.to_string();
+                if key_name == "label" {
+                    Matcher::Label { key, value }
+                } else {
+                    Matcher::PodLabel { key, value }
                 }
             }
             _ => unreachable!("config keys are fixed by RawService"),
@@ -137,8 +151,10 @@ impl Matcher {
             Matcher::Unit(_) => "unit",
             Matcher::Container(_) => "container",
             Matcher::Pod(_) => "pod",
+            Matcher::Namespace(_) => "namespace",
             Matcher::Image(_) => "image",
             Matcher::Label { .. } => "label",
+            Matcher::PodLabel { .. } => "pod_label",
         }
     }
 
@@ -149,50 +165,65 @@ impl Matcher {
             | Matcher::Unit(p)
             | Matcher::Container(p)
             | Matcher::Pod(p)
+            | Matcher::Namespace(p)
             | Matcher::Image(p) => p.as_str().to_string(),
-            Matcher::Label { key, value: None } => key.clone(),
-            Matcher::Label {
-                key,
-                value: Some(v),
-            } => format!("{key}={}", v.as_str()),
+            Matcher::Label { key, value } | Matcher::PodLabel { key, value } => match value {
+                None => key.clone(),
+                Some(v) => format!("{key}={}", v.as_str()),
+            },
         }
     }
 
-    /// Whether the matcher names an owner (unit, container, pod, image, label) rather than a
-    /// path:
-    /// owners come and go, so matching nothing at start is not an error.
+    /// Whether the matcher names an owner (unit, container, pod, namespace, image, label,
+    /// pod label) rather than a path: owners come and go, so matching nothing at start is
+    /// not an error.
     pub fn is_owner(&self) -> bool {
         !matches!(self, Matcher::Cgroup(_))
     }
 
-    /// Whether the cgroup at `path` (named by [`naming::name_path`]; `container` is what
-    /// Docker says of it, when it is a Docker container) matches.
-    pub fn matches(&self, path: &str, named: &PathName, container: Option<&ContainerInfo>) -> bool {
+    /// Whether the cgroup `o` (named by its path and by what its runtime says) matches.
+    pub fn matches(&self, o: &Owner) -> bool {
         let opts = glob::MatchOptions {
             case_sensitive: true,
             require_literal_separator: true,
             require_literal_leading_dot: false,
         };
+        let m = |p: &glob::Pattern, s: &str| p.matches_with(s, opts);
+        let label =
+            |labels: Option<&HashMap<String, String>>, key: &str, value: &Option<glob::Pattern>| {
+                labels
+                    .and_then(|l| l.get(key))
+                    .is_some_and(|v| value.as_ref().is_none_or(|p| m(p, v)))
+            };
+        let named = &o.named;
         // Each owner matcher takes the owner's own cgroup only: its descendants belong to
         // it anyway (nearest matching ancestor), and limits go on one level.
         match (self, named.kind) {
-            (Matcher::Cgroup(p), _) => p.matches_with(path, opts),
-            (Matcher::Unit(p), ServiceKind::Unit) => p.matches_with(&named.name, opts),
+            (Matcher::Cgroup(p), _) => m(p, o.path),
+            (Matcher::Unit(p), ServiceKind::Unit) => m(p, &named.name),
             (Matcher::Container(p), ServiceKind::Container) => {
-                let m = |s: &str| p.matches_with(s, opts);
-                m(&named.name)
-                    || named.id.as_deref().is_some_and(m)
-                    || container.is_some_and(|c| m(&c.name))
+                m(p, &named.name)
+                    || named.id.as_deref().is_some_and(|s| m(p, s))
+                    || o.container.is_some_and(|c| m(p, &c.name))
             }
-            (Matcher::Pod(p), ServiceKind::Pod) => {
-                named.id.as_deref().is_some_and(|s| p.matches_with(s, opts))
+            (Matcher::Pod(p), _) => o
+                .pod
+                .as_ref()
+                .is_some_and(|pod| m(p, &pod.uid) || pod.member.is_some_and(|k| m(p, &k.name))),
+            (Matcher::Namespace(p), _) => o
+                .pod
+                .as_ref()
+                .and_then(|pod| pod.member)
+                .is_some_and(|k| m(p, &k.namespace)),
+            (Matcher::PodLabel { key, value }, _) => {
+                label(o.pod.as_ref().and_then(|pod| pod.labels), key, value)
             }
             (Matcher::Image(p), ServiceKind::Container) => {
-                container.is_some_and(|c| p.matches_with(&c.image, opts))
+                o.container.is_some_and(|c| m(p, &c.image))
             }
-            (Matcher::Label { key, value }, ServiceKind::Container) => container
-                .and_then(|c| c.labels.get(key))
-                .is_some_and(|v| value.as_ref().is_none_or(|p| p.matches_with(v, opts))),
+            (Matcher::Label { key, value }, ServiceKind::Container) => {
+                label(o.container.map(|c| &c.labels), key, value)
+            }
             _ => false,
         }
     }
@@ -306,8 +337,10 @@ struct RawService {
     unit: Option<Spanned<String>>,
     container: Option<Spanned<String>>,
     pod: Option<Spanned<String>>,
+    namespace: Option<Spanned<String>>,
     image: Option<Spanned<String>>,
     label: Option<Spanned<String>>,
+    pod_label: Option<Spanned<String>>,
     class: Spanned<String>,
     p999: Option<Spanned<String>>,
     rate: Option<Spanned<String>>,
@@ -831,8 +864,10 @@ impl Config {
                 ("unit", &s.unit),
                 ("container", &s.container),
                 ("pod", &s.pod),
+                ("namespace", &s.namespace),
                 ("image", &s.image),
                 ("label", &s.label),
+                ("pod_label", &s.pod_label),
             ];
             for (key, raw) in kinds {
                 let Some(raw) = raw else { continue };
@@ -855,7 +890,7 @@ impl Config {
             let Some(match_line) = match_line else {
                 return Err(err(
                     s.name.span(),
-                    format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod, image, label)"),
+                    format!("service '{name}' matches nothing; add cgroup = \"/path\" (or unit, container, pod, namespace, image, label, pod_label)"),
                 ));
             };
             let slo = parse_slo(&SloText {
@@ -899,7 +934,8 @@ impl Config {
     /// cgroup may be claimed by two services.
     pub fn check_against(&self, file: &str, cgroup_paths: &[String]) -> Result<(), ConfigError> {
         let mut owner: HashMap<&str, usize> = HashMap::new();
-        // Docker has not been asked yet: container names, images and labels match later.
+        // The runtimes have not been asked yet: container and pod names, images and labels
+        // match later.
         let no_containers = ContainerTable::default();
         let owners: Vec<Owner> = cgroup_paths
             .iter()
@@ -944,12 +980,25 @@ impl Config {
     }
 }
 
-/// A cgroup as matchers see it: its path, what the path says of its owner, and what Docker
-/// says of the container when it is one. Named once, matched against every service.
+/// A cgroup as matchers see it: its path, what the path says of its owner, what its
+/// runtime says of the container when it is one, and the pod when the cgroup is where a
+/// pod's limits go. Named once, matched against every service.
 pub struct Owner<'a> {
     pub path: &'a str,
     pub named: PathName,
     pub container: Option<&'a ContainerInfo>,
+    pub pod: Option<PodOwner<'a>>,
+}
+
+/// The pod whose cgroup an [`Owner`] is: a pod's own cgroup (the kubelet's `pod<uid>`), or
+/// where the runtime made none above a pod's containers (containerd's default
+/// `/k8s.io/<id>`), each of its containers' cgroups.
+pub struct PodOwner<'a> {
+    pub uid: String,
+    /// Namespace and name, when containerd knows the pod.
+    pub member: Option<&'a PodMember>,
+    /// The pod's labels (its sandbox's), when containerd knows the sandbox.
+    pub labels: Option<&'a HashMap<String, String>>,
 }
 
 impl<'a> Owner<'a> {
@@ -958,26 +1007,42 @@ impl<'a> Owner<'a> {
         let container = (named.kind == ServiceKind::Container)
             .then(|| containers.get(named.id.as_deref()?))
             .flatten();
+        let pod = match (named.kind, container.and_then(|c| c.pod.as_ref())) {
+            (ServiceKind::Pod, _) => named.id.clone().map(|uid| {
+                let sandbox = containers.sandbox(&uid);
+                PodOwner {
+                    member: sandbox.and_then(|s| s.pod.as_ref()),
+                    labels: sandbox.map(|s| &s.labels),
+                    uid,
+                }
+            }),
+            // A pod's container with no pod cgroup above it.
+            (ServiceKind::Container, Some(member)) if named.pod.is_none() => Some(PodOwner {
+                uid: member.uid.clone(),
+                member: Some(member),
+                labels: containers.sandbox(&member.uid).map(|s| &s.labels),
+            }),
+            _ => None,
+        };
         Owner {
             path,
             named,
             container,
+            pod,
         }
     }
 }
 
 impl ServiceSpec {
     /// Whether the cgroup at `cgroup_path` is one of the service's own (all matchers match).
-    /// Docker's view of containers comes from `containers`.
+    /// The runtimes' view of containers and pods comes from `containers`.
     pub fn matches(&self, cgroup_path: &str, containers: &ContainerTable) -> bool {
         self.matches_owner(&Owner::of(cgroup_path, containers))
     }
 
     /// [`ServiceSpec::matches`] for a cgroup already named.
     pub fn matches_owner(&self, o: &Owner) -> bool {
-        self.matchers
-            .iter()
-            .all(|m| m.matches(o.path, &o.named, o.container))
+        self.matchers.iter().all(|m| m.matches(o))
     }
 
     /// `cgroup glob '/db'`, `unit glob 'pg*.service' and cgroup glob '/system.slice/*'`.
@@ -1139,7 +1204,7 @@ floor = "20MB/s"
 
     #[test]
     fn docker_matchers_use_what_docker_says() {
-        use crate::identify::docker::DockerUpdate;
+        use crate::identify::{containers::ContainerUpdate, naming::Runtime};
         let id = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
         let c = parse(
             "[[service]]\nname='db'\ncontainer='pg-*'\nclass='best-effort'\n\n\
@@ -1155,12 +1220,14 @@ floor = "20MB/s"
         // Unknown to Docker (yet): only path-derived names can match.
         assert!(!by_name.matches(&path, &t));
         assert!(!by_label.matches(&path, &t));
-        t.apply(&DockerUpdate::Upsert(ContainerInfo {
+        t.apply(&ContainerUpdate::Upsert(ContainerInfo {
             id: id.into(),
             name: "pg-main".into(),
             image: "postgres:16".into(),
             labels: [("tier".to_string(), "database".to_string())].into(),
             running: true,
+            runtime: Runtime::Docker,
+            pod: None,
         }));
         assert!(by_name.matches(&path, &t));
         assert!(by_image.matches(&path, &t));
@@ -1172,6 +1239,115 @@ floor = "20MB/s"
         );
         // Owners may match nothing at start; cgroup globs may not.
         assert!(c.check_against("c.toml", &["/".to_string()]).is_ok());
+    }
+
+    /// A kubelet's pod as containerd reports it: a sandbox with the pod's labels and one
+    /// container, `shop/web-1/app`.
+    fn pod_table(uid: &str, sandbox_id: &str, app_id: &str) -> ContainerTable {
+        use crate::identify::{containers::ContainerUpdate, naming::Runtime};
+        let member = |container: Option<&str>| PodMember {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            uid: uid.into(),
+            container: container.map(str::to_string),
+        };
+        let info = |id: &str, name: &str, pod: PodMember, labels: &[(&str, &str)]| ContainerInfo {
+            id: id.into(),
+            name: name.into(),
+            image: "docker.io/library/app:1".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            running: true,
+            runtime: Runtime::Containerd,
+            pod: Some(pod),
+        };
+        let mut t = ContainerTable::default();
+        t.apply(&ContainerUpdate::Connected {
+            runtime: Runtime::Containerd,
+            version: "1.6".into(),
+            containers: vec![
+                info(
+                    sandbox_id,
+                    "shop/web-1",
+                    member(None),
+                    &[("tier", "frontend")],
+                ),
+                info(
+                    app_id,
+                    "shop/web-1/app",
+                    member(Some("app")),
+                    &[("img", "x")],
+                ),
+            ],
+        });
+        t
+    }
+
+    #[test]
+    fn pod_matchers_use_what_containerd_says() {
+        let uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+        let sandbox = "aa".repeat(32);
+        let app = "bb".repeat(32);
+        let c = parse(
+            "[[service]]\nname='web'\nnamespace='shop'\npod='web-*'\nclass='best-effort'\n\n\
+             [[service]]\nname='front'\npod_label='tier=front*'\nclass='best-effort'\n\n\
+             [[service]]\nname='ns'\nnamespace='sh*'\nclass='best-effort'\n\n\
+             [[service]]\nname='app'\ncontainer='shop/*/app'\nimage='docker.io/*/app:*'\nlabel='img'\nclass='best-effort'\n\n\
+             [[service]]\nname='other'\nnamespace='kube-system'\nclass='best-effort'\n",
+        )
+        .unwrap();
+        let [web, front, ns, by_container, other] = &c.services[..] else {
+            panic!("5 services")
+        };
+        assert_eq!(front.describe_matchers(), "pod_label glob 'tier=front*'");
+        let empty = ContainerTable::default();
+        let t = pod_table(uid, &sandbox, &app);
+        // The kubelet's cgroupfs layout: the pod's cgroup is the pod's, its containers
+        // below it belong to it as descendants.
+        let pod_dir = format!("/kubepods/burstable/pod{uid}");
+        let in_pod = format!("{pod_dir}/{app}");
+        for s in [web, front, ns] {
+            assert!(s.matches(&pod_dir, &t), "{}", s.name);
+            assert!(!s.matches(&in_pod, &t), "{}", s.name);
+            // Unknown to containerd: namespace, name and labels cannot match.
+            assert!(!s.matches(&pod_dir, &empty), "{}", s.name);
+        }
+        assert!(!other.matches(&pod_dir, &t));
+        assert!(by_container.matches(&in_pod, &t));
+        assert!(!by_container.matches(&pod_dir, &t));
+        // The systemd layout.
+        let slice = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        );
+        assert!(web.matches(&slice, &t));
+        assert!(!web.matches(&format!("{slice}/cri-containerd-{app}.scope"), &t));
+        assert!(by_container.matches(&format!("{slice}/cri-containerd-{app}.scope"), &t));
+        // containerd's own layout (`ctr run`): no pod cgroup, so the pod's containers'
+        // cgroups are the pod's, its sandbox's too.
+        for id in [&app, &sandbox] {
+            let p = format!("/k8s.io/{id}");
+            for s in [web, front, ns] {
+                assert!(s.matches(&p, &t), "{} {p}", s.name);
+            }
+            assert!(!other.matches(&p, &t));
+        }
+        assert!(by_container.matches(&format!("/k8s.io/{app}"), &t));
+        assert!(!by_container.matches(&format!("/k8s.io/{sandbox}"), &t));
+        // The pod matcher still takes UIDs, with or without containerd.
+        let by_uid = parse(&format!(
+            "[[service]]\nname='u'\npod='{uid}'\nclass='best-effort'\n"
+        ))
+        .unwrap();
+        assert!(by_uid.services[0].matches(&pod_dir, &empty));
+        assert!(by_uid.services[0].matches(&format!("/k8s.io/{app}"), &t));
+        // Owners may match nothing at start.
+        assert!(c.check_against("c.toml", &["/".to_string()]).is_ok());
+        // Pod label keys are checked like container label keys.
+        let e = parse("[[service]]\nname='a'\nclass='best-effort'\npod_label='=x'\n").unwrap_err();
+        assert!(e.message.contains("label key is empty"), "{e}");
     }
 
     #[test]
@@ -1501,8 +1677,10 @@ floor = "20MB/s"
             "unit",
             "container",
             "pod",
+            "namespace",
             "image",
             "label",
+            "pod_label",
             "class",
             "p999",
             "rate",

@@ -1,6 +1,6 @@
 //! Which cgroup belongs to which service: the config's services (ids 0..n) and those running
-//! containers declare in their `isolator.*` labels (ids from n on, never reused), what
-//! became of each label SLO, and the cgroup directories each service's limits go on.
+//! containers and pods declare in their `isolator.*` labels (ids from n on, never reused),
+//! what became of each label SLO, and the cgroup directories each service's limits go on.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -8,7 +8,7 @@ use super::report;
 use crate::{
     config::{Config, Matcher, Owner, ServiceSpec},
     events::Event,
-    identify::docker::ContainerTable,
+    identify::containers::{ContainerInfo, ContainerTable},
     identify::labels,
     identify::naming::ServiceKind,
     policy::ServiceId,
@@ -22,9 +22,11 @@ pub(super) struct Target {
     pub ino: u64,
 }
 
-/// A service declared by a container's `isolator.*` labels.
+/// A service declared by a container's `isolator.*` labels, or a pod's (on its sandbox).
 struct LabelService {
     container_id: String,
+    /// The pod's UID, when the labels are a pod's.
+    pod_uid: Option<String>,
     spec: ServiceSpec,
 }
 
@@ -193,20 +195,32 @@ impl Membership {
         out
     }
 
-    /// Adds a service per labelled running container, unless the config claims its cgroup
-    /// (the config wins, and says so); drops those whose container stopped or lost its
-    /// labels (their state goes with their targets, in [`Membership::rematch`]). Every
-    /// outcome is an event, said once.
+    /// Adds a service per labelled running container or pod, unless the config claims its
+    /// cgroup (the config wins, and says so); drops those whose container or pod stopped or
+    /// lost its labels (their state goes with their targets, in [`Membership::rematch`]).
+    /// Every outcome is an event, said once.
     fn sync_label_services(&mut self, owners: &[Owner], containers: &ContainerTable) -> Vec<Event> {
         let mut events = vec![];
-        // Containers with a cgroup now.
+        // Containers with a cgroup now, and the cgroups of each pod (see PodOwner).
         let running: HashMap<&str, &Owner> = owners
             .iter()
             .filter(|o| o.named.kind == ServiceKind::Container)
             .filter_map(|o| Some((o.named.id.as_deref()?, o)))
             .collect();
-        let mut wanted: HashMap<&str, ServiceSpec> = HashMap::new();
+        let mut of_pod: HashMap<&str, Vec<&Owner>> = HashMap::new();
+        for o in owners {
+            if let Some(p) = &o.pod {
+                of_pod.entry(p.uid.as_str()).or_default().push(o);
+            }
+        }
+        let mut wanted: HashMap<&str, (ServiceSpec, Option<String>)> = HashMap::new();
         for c in containers.iter() {
+            // A sandbox's labels are its pod's: they govern the pod.
+            let pod_uid = c
+                .pod
+                .as_ref()
+                .filter(|_| c.is_sandbox())
+                .map(|p| p.uid.clone());
             let labels = match labels::slo_from_labels(&c.labels, &self.config.labels) {
                 Ok(Some(slo)) => slo,
                 Ok(None) => continue,
@@ -214,13 +228,17 @@ impl Membership {
                     let label = format!("{}={}", e.label, e.value);
                     if self.said.insert(format!("label:{}:{label}", c.id)) {
                         let message = format!(
-                            "container '{}': {e}; the container is treated as unconfigured",
-                            c.name
+                            "{}: {e}; the {} is treated as unconfigured",
+                            subject(c),
+                            if pod_uid.is_some() {
+                                "pod"
+                            } else {
+                                "container"
+                            }
                         );
                         events.push(report::label_slo(
                             "invalid",
-                            &c.name,
-                            &c.id,
+                            (&c.name, &c.id, pod_uid.as_deref()),
                             None,
                             Some(label),
                             message,
@@ -229,23 +247,40 @@ impl Membership {
                     continue;
                 }
             };
-            // Docker says a container stopped before its cgroup is gone: its word first.
-            let Some(&owner) = running.get(c.id.as_str()).filter(|_| c.running) else {
+            // The runtime says a container stopped before its cgroup is gone: its word first.
+            if !c.running {
                 continue;
+            }
+            let (matcher, cgroups) = match &pod_uid {
+                Some(uid) => (
+                    Matcher::Pod(exact(uid)),
+                    of_pod.get(uid.as_str()).cloned().unwrap_or_default(),
+                ),
+                None => (
+                    Matcher::Container(exact(&c.id)),
+                    running.get(c.id.as_str()).copied().into_iter().collect(),
+                ),
             };
-            if let Some(claimed) = self.config.services.iter().find(|s| s.matches_owner(owner)) {
+            if cgroups.is_empty() {
+                continue;
+            }
+            let claimed = self
+                .config
+                .services
+                .iter()
+                .find(|s| cgroups.iter().any(|o| s.matches_owner(o)));
+            if let Some(claimed) = claimed {
                 if self.said.insert(format!("overridden:{}", c.id)) {
                     let message = format!(
-                        "container '{}' declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
-                        c.name,
+                        "{} declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
+                        subject(c),
                         labels.class.describe(),
                         claimed.name,
                         claimed.line
                     );
                     events.push(report::label_slo(
                         "overridden",
-                        &c.name,
-                        &c.id,
+                        (&c.name, &c.id, pod_uid.as_deref()),
                         Some(claimed),
                         None,
                         message,
@@ -255,10 +290,7 @@ impl Membership {
             }
             let spec = ServiceSpec {
                 name: c.name.clone(),
-                matchers: vec![Matcher::Container(
-                    glob::Pattern::new(&glob::Pattern::escape(&c.id))
-                        .expect("an escaped id is a valid glob"),
-                )],
+                matchers: vec![matcher],
                 class: labels.class,
                 floor: labels.floor,
                 ceiling: labels.ceiling,
@@ -266,13 +298,13 @@ impl Membership {
                 line: 0,
                 match_line: 0,
             };
-            wanted.insert(&c.id, spec);
+            wanted.insert(&c.id, (spec, pod_uid));
         }
         // Gone or changed: released (a changed one comes back below with a new id).
         let stale: Vec<ServiceId> = self
             .labelled
             .iter()
-            .filter(|(_, l)| wanted.get(l.container_id.as_str()) != Some(&l.spec))
+            .filter(|(_, l)| wanted.get(l.container_id.as_str()).map(|w| &w.0) != Some(&l.spec))
             .map(|(&id, _)| id)
             .collect();
         for sid in stale {
@@ -281,13 +313,17 @@ impl Membership {
                 .get(&l.container_id)
                 .map_or(l.spec.name.as_str(), |c| c.name.as_str());
             let message = format!(
-                "service '{}' let go: its container stopped or its labels changed",
-                l.spec.name
+                "service '{}' let go: its {} stopped or its labels changed",
+                l.spec.name,
+                if l.pod_uid.is_some() {
+                    "pod"
+                } else {
+                    "container"
+                }
             );
             events.push(report::label_slo(
                 "released",
-                container,
-                &l.container_id,
+                (container, &l.container_id, l.pod_uid.as_deref()),
                 Some(&l.spec),
                 None,
                 message,
@@ -298,21 +334,25 @@ impl Membership {
             .values()
             .map(|l| l.container_id.as_str())
             .collect();
-        let mut new: Vec<(&str, ServiceSpec)> = wanted
+        let mut new: Vec<(&str, (ServiceSpec, Option<String>))> = wanted
             .into_iter()
             .filter(|(id, _)| !have.contains(id))
             .collect();
         new.sort_by(|a, b| a.0.cmp(b.0));
-        for (container_id, spec) in new {
+        for (container_id, (spec, pod_uid)) in new {
             let message = format!(
-                "container '{}' governed by its labels: {}",
+                "{} '{}' governed by its labels: {}",
+                if pod_uid.is_some() {
+                    "pod"
+                } else {
+                    "container"
+                },
                 spec.name,
                 spec.class.describe()
             );
             events.push(report::label_slo(
                 "applied",
-                &spec.name,
-                container_id,
+                (&spec.name, container_id, pod_uid.as_deref()),
                 Some(&spec),
                 None,
                 message,
@@ -320,9 +360,26 @@ impl Membership {
             let sid = self.next_label_id;
             self.next_label_id += 1;
             let container_id = container_id.to_string();
-            self.labelled
-                .insert(sid, LabelService { container_id, spec });
+            self.labelled.insert(
+                sid,
+                LabelService {
+                    container_id,
+                    pod_uid,
+                    spec,
+                },
+            );
         }
         events
     }
+}
+
+/// `container 'db'`, or for a pod's labels `pod 'shop/web'`.
+fn subject(c: &ContainerInfo) -> String {
+    let what = if c.is_sandbox() { "pod" } else { "container" };
+    format!("{what} '{}'", c.name)
+}
+
+/// A glob that matches `text` alone.
+fn exact(text: &str) -> glob::Pattern {
+    glob::Pattern::new(&glob::Pattern::escape(text)).expect("an escaped text is a valid glob")
 }

@@ -17,7 +17,7 @@ use crate::{
     enforcer::Enforcer,
     events::Event,
     identify::cgroupfs::IoHierarchy,
-    identify::docker::ContainerTable,
+    identify::containers::ContainerTable,
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId},
 };
 

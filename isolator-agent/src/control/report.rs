@@ -10,11 +10,11 @@ use crate::{
     policy::{Decision, DeviceCycle, ServiceLoad},
 };
 
-/// A `label_slo` event; its service and SLO come from `service`.
+/// A `label_slo` event about `(container name, container id, pod UID when the labels are
+/// a pod's)`; its service and SLO come from `service`.
 pub(super) fn label_slo(
     outcome: &str,
-    container: &str,
-    container_id: &str,
+    (container, container_id, pod_uid): (&str, &str, Option<&str>),
     service: Option<&ServiceSpec>,
     label: Option<String>,
     message: String,
@@ -23,6 +23,7 @@ pub(super) fn label_slo(
         outcome: outcome.into(),
         container: container.into(),
         container_id: container_id.into(),
+        pod_uid: pod_uid.map(str::to_string),
         service: service.map(|s| s.name.clone()),
         slo: service.map(|s| s.class),
         label,

@@ -1,7 +1,8 @@
 use super::*;
 use crate::{
     identify::cgroupfs::CgroupMode,
-    identify::docker::{ContainerInfo, DockerUpdate},
+    identify::containers::{ContainerInfo, ContainerUpdate},
+    identify::naming::Runtime,
 };
 
 fn outcomes(events: &[Event]) -> Vec<(String, String)> {
@@ -39,11 +40,14 @@ fn label_services_follow_what_docker_says() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         running,
+        runtime: Runtime::Docker,
+        pod: None,
     };
     let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];
     let mut table = ContainerTable::default();
-    table.apply(&DockerUpdate::Connected {
-        api_version: "1.41".into(),
+    table.apply(&ContainerUpdate::Connected {
+        runtime: Runtime::Docker,
+        version: "1.41".into(),
         containers: vec![
             info(1, "db", &slo, true),
             info(2, "web", &slo, true),
@@ -66,7 +70,7 @@ fn label_services_follow_what_docker_says() {
     assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
 
     // Docker says db stopped while its cgroup is still there: let go now.
-    table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, false)));
+    table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, false)));
     let ev = c.refresh(&hierarchy, &paths, &table, 3);
     assert_eq!(outcomes(&ev), [("released".to_string(), "db".to_string())]);
     assert!(c.membership.label_service_ids().is_empty());
@@ -76,10 +80,135 @@ fn label_services_follow_what_docker_says() {
     );
 
     // Started again: a new service (ids are never reused).
-    table.apply(&DockerUpdate::Upsert(info(1, "db", &slo, true)));
+    table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
     let ev = c.refresh(&hierarchy, &paths, &table, 4);
     assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
     assert_eq!(c.membership.label_service_ids(), [2]);
+}
+
+#[test]
+fn pod_label_services_follow_what_containerd_says() {
+    use crate::identify::containers::PodMember;
+    let hierarchy = IoHierarchy {
+        mode: CgroupMode::V1,
+        root: "/nonexistent-isolator-test".into(),
+        io_enabled: true,
+    };
+    // The config claims pod 'db' in namespace 'shop' by name.
+    let config = Config::parse(
+        "c.toml",
+        "[[service]]\nname='db'\nnamespace='shop'\npod='db'\nclass='best-effort'\n",
+    )
+    .unwrap();
+    let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
+    let mut c = Controller::new(config, policy, Enforcer::new(hierarchy.clone(), None));
+    let id = |n: u8| format!("{n:064x}");
+    let uid = |pod: &str| format!("{:0>8}-0000-0000-0000-000000000000", pod.len());
+    let info = |n: u8, pod: &str, container: Option<&str>, labels: &[(&str, &str)], running| {
+        let name = match container {
+            Some(k) => format!("shop/{pod}/{k}"),
+            None => format!("shop/{pod}"),
+        };
+        ContainerInfo {
+            id: id(n),
+            name,
+            image: "img".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            running,
+            runtime: Runtime::Containerd,
+            pod: Some(PodMember {
+                namespace: "shop".into(),
+                name: pod.into(),
+                uid: uid(pod),
+                container: container.map(str::to_string),
+            }),
+        }
+    };
+    let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];
+    let mut table = ContainerTable::default();
+    table.apply(&ContainerUpdate::Connected {
+        runtime: Runtime::Containerd,
+        version: "1.6".into(),
+        containers: vec![
+            // Pod 'web' (uid 3): its sandbox declares the SLO, its container does I/O.
+            info(1, "web", None, &slo, true),
+            info(2, "web", Some("app"), &[], true),
+            // Pod 'db' (uid 2) declares one too, but the config claims it.
+            info(3, "db", None, &slo, true),
+            info(4, "db", Some("pg"), &[], true),
+            // Pod 'cache' (uid 5) declares a malformed one.
+            info(5, "cache", None, &[("isolator.class", "fast")], true),
+        ],
+    });
+    // containerd's own layout (no pod cgroups): the pods' containers are the pods'.
+    let paths: Vec<String> = (1..=5).map(|n| format!("/k8s.io/{}", id(n))).collect();
+    let ev = c.refresh(&hierarchy, &paths, &table, 1);
+    let mut got = outcomes(&ev);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("applied".to_string(), "shop/web".to_string()),
+            ("invalid".into(), "shop/cache".into()),
+            ("overridden".into(), "shop/db".into()),
+        ]
+    );
+    let pod_uids: Vec<Option<String>> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::LabelSlo(l) => Some(l.pod_uid.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(pod_uids.iter().all(Option::is_some), "{pod_uids:?}");
+    let [web] = c.membership.label_service_ids()[..] else {
+        panic!("one label service")
+    };
+    // The pod's service takes the pod's cgroups: its sandbox's and its container's.
+    let targets: Vec<&str> = c
+        .membership
+        .targets(web)
+        .iter()
+        .map(|t| t.path.as_str())
+        .collect();
+    assert_eq!(targets, [paths[0].as_str(), paths[1].as_str()]);
+    assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
+
+    // The sandbox stops: the pod's service is let go.
+    table.apply(&ContainerUpdate::Upsert(info(1, "web", None, &slo, false)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 3);
+    assert_eq!(
+        outcomes(&ev),
+        [("released".to_string(), "shop/web".to_string())]
+    );
+    assert!(c.membership.label_service_ids().is_empty());
+
+    // The kubelet's layout: the pod's cgroup is the target, its containers below it.
+    table.apply(&ContainerUpdate::Upsert(info(1, "web", None, &slo, true)));
+    let pod_dir = format!("/kubepods/burstable/pod{}", uid("web"));
+    let paths = vec![
+        pod_dir.clone(),
+        format!("{pod_dir}/{}", id(1)),
+        format!("{pod_dir}/{}", id(2)),
+    ];
+    let ev = c.refresh(&hierarchy, &paths, &table, 4);
+    assert_eq!(
+        outcomes(&ev),
+        [("applied".to_string(), "shop/web".to_string())]
+    );
+    let [web] = c.membership.label_service_ids()[..] else {
+        panic!("one label service")
+    };
+    let targets: Vec<&str> = c
+        .membership
+        .targets(web)
+        .iter()
+        .map(|t| t.path.as_str())
+        .collect();
+    assert_eq!(targets, [pod_dir.as_str()]);
 }
 
 // --- Planning and enforcement on an in-memory host (no root, no real cgroups). ---

@@ -23,7 +23,7 @@ use crate::{
     config::SloClass,
     events::stream::ReplayRole,
     identify::cgroupfs::CgroupMode,
-    identify::docker::ContainerTable,
+    identify::containers::ContainerTable,
     identify::naming::{self, QosClass, Runtime, ServiceKind},
     measure::metrics::OpStats,
     policy::{Cause, DeviceCycle, IoMaxLimit, ServiceId},
@@ -43,7 +43,7 @@ pub struct CgroupRef {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
-    /// The container's image, when Docker knows the container.
+    /// The container's image, when its runtime (Docker, containerd) knows the container.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,35 +52,59 @@ pub struct CgroupRef {
     pub pod_uid: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_qos: Option<QosClass>,
+    /// The pod's namespace, name and (for a container of the pod) the container's name in
+    /// the pod spec, as the kubelet's labels say (from containerd).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_container: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
 }
 
 impl CgroupRef {
-    /// Names a cgroup from its path (see [`crate::identify::naming`]) and, for a Docker container,
-    /// by the name Docker gives it.
+    /// Names a cgroup from its path (see [`crate::identify::naming`]) and, for a container
+    /// its runtime knows, by the name the runtime gives it (Docker's name; a pod's
+    /// container `namespace/pod/container`). A pod's own cgroup is `namespace/pod` when
+    /// containerd knows its sandbox.
     pub fn new(id: u64, path: Option<String>, containers: &ContainerTable) -> CgroupRef {
         let named = path.as_deref().map(naming::name_path);
         let kind = named.as_ref().map_or(ServiceKind::Cgroup, |n| n.kind);
         let id_of = |k: ServiceKind| named.as_ref().filter(|n| n.kind == k)?.id.clone();
         let container_id = id_of(ServiceKind::Container);
-        let docker = container_id.as_deref().and_then(|c| containers.get(c));
-        let name = match (&named, id, docker) {
-            (_, _, Some(c)) => c.name.clone(),
-            (Some(n), _, None) => n.name.clone(),
-            (None, 0, None) => "unattributed".into(),
-            (None, _, None) => format!("cgroup {id}"),
+        let known = container_id.as_deref().and_then(|c| containers.get(c));
+        let path_pod = named.as_ref().and_then(|n| n.pod.as_ref());
+        let pod = match known {
+            Some(c) => c.pod.as_ref(),
+            None => id_of(ServiceKind::Pod)
+                .and_then(|uid| containers.sandbox(&uid))
+                .and_then(|s| s.pod.as_ref()),
+        };
+        let name = match (&named, id, known, pod) {
+            (_, _, Some(c), _) => c.name.clone(),
+            (_, _, None, Some(p)) => format!("{}/{}", p.namespace, p.name),
+            (Some(n), _, None, None) => n.name.clone(),
+            (None, 0, None, None) => "unattributed".into(),
+            (None, _, None, None) => format!("cgroup {id}"),
         };
         CgroupRef {
             id,
-            image: docker.map(|c| c.image.clone()),
+            image: known.map(|c| c.image.clone()),
             container_id,
             unit: id_of(ServiceKind::Unit),
-            runtime: named.as_ref().and_then(|n| n.runtime),
-            pod_uid: named
+            runtime: named
                 .as_ref()
-                .and_then(|n| Some(n.pod.as_ref()?.uid.clone())),
-            pod_qos: named.as_ref().and_then(|n| Some(n.pod.as_ref()?.qos)),
+                .and_then(|n| n.runtime)
+                .or(known.map(|c| c.runtime)),
+            pod_uid: path_pod
+                .map(|p| p.uid.clone())
+                .or_else(|| Some(pod?.uid.clone())),
+            pod_qos: path_pod.map(|p| p.qos),
+            pod_namespace: pod.map(|p| p.namespace.clone()),
+            pod_name: pod.map(|p| p.name.clone()),
+            pod_container: pod.and_then(|p| p.container.clone()),
             path,
             kind,
             name,
@@ -131,7 +155,7 @@ pub struct ViolationInfo {
     pub rate_bps: f64,
 }
 
-/// What became of the SLO a container declares in its `isolator.*` labels.
+/// What became of the SLO a container (or a pod) declares in its `isolator.*` labels.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LabelSloInfo {
@@ -139,8 +163,13 @@ pub struct LabelSloInfo {
     /// label; the container is unconfigured) or `released` (container stopped or labels
     /// changed).
     pub outcome: String,
+    /// The container's name; for a pod's labels, the pod as `namespace/pod`.
     pub container: String,
+    /// The container's id; for a pod's labels, its sandbox's.
     pub container_id: String,
+    /// Set when the labels are a pod's (on its sandbox): the pod's UID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     /// The service that governs the container now (or did, for `released`).
     pub service: Option<String>,
     pub slo: Option<SloClass>,
@@ -215,6 +244,9 @@ pub struct CycleEnd {
     pub collect_us: u64,
     /// Containers Docker reported that exist now (null: Docker off).
     pub docker_containers: Option<usize>,
+    /// Containers containerd reported in namespace k8s.io that exist now (null:
+    /// containerd off).
+    pub containerd_containers: Option<usize>,
     /// Events the output (stdout or --json) did not keep up with and lost, since start.
     pub events_dropped: u64,
     /// Disks with I/O this cycle and how busy they were.
@@ -365,6 +397,18 @@ pub struct DockerConnected {
     pub containers: usize,
 }
 
+/// containerd answered (at start or after being down).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContainerdConnected {
+    pub socket: String,
+    /// The daemon's version.
+    pub version: String,
+    /// The containerd namespace followed (the kubelet's, `k8s.io`).
+    pub namespace: String,
+    pub containers: usize,
+}
+
 /// One disk in `cycle_end`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -393,6 +437,7 @@ pub enum Event {
     Error(Notice),
     AgentStop(AgentStop),
     DockerConnected(DockerConnected),
+    ContainerdConnected(ContainerdConnected),
     LabelSlo(LabelSloInfo),
     /// A type this reader does not know: a newer agent's addition within the schema.
     /// Never written.
@@ -504,6 +549,87 @@ mod tests {
 
     /// `policy_input` is made of the policy's own types: a field renamed there changes the
     /// recorded stream, so its wire form is pinned here (a change is a schema decision).
+    #[test]
+    fn cgroups_of_pods_are_named_by_what_containerd_says() {
+        use crate::identify::containers::{ContainerInfo, ContainerUpdate, PodMember};
+        let uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+        let (sandbox, app) = ("aa".repeat(32), "bb".repeat(32));
+        let member = |container: Option<&str>| PodMember {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            uid: uid.into(),
+            container: container.map(str::to_string),
+        };
+        let info = |id: &str, name: &str, pod: PodMember| ContainerInfo {
+            id: id.into(),
+            name: name.into(),
+            image: "docker.io/library/app:1".into(),
+            labels: Default::default(),
+            running: true,
+            runtime: Runtime::Containerd,
+            pod: Some(pod),
+        };
+        let mut t = ContainerTable::default();
+        let pod_dir = format!("/kubepods/burstable/pod{uid}");
+        // Before containerd answers: by UID and id, from the path.
+        let c = CgroupRef::new(1, Some(pod_dir.clone()), &t);
+        assert_eq!(
+            (c.kind, c.name.as_str()),
+            (ServiceKind::Pod, &*format!("pod-{uid}"))
+        );
+        assert_eq!(c.pod_namespace, None);
+        let c = CgroupRef::new(2, Some(format!("/k8s.io/{app}")), &t);
+        assert_eq!(c.name, &app[..12]);
+        assert_eq!(c.runtime, None);
+
+        t.apply(&ContainerUpdate::Connected {
+            runtime: Runtime::Containerd,
+            version: "1.6".into(),
+            containers: vec![
+                info(&sandbox, "shop/web-1", member(None)),
+                info(&app, "shop/web-1/app", member(Some("app"))),
+            ],
+        });
+        let c = CgroupRef::new(1, Some(pod_dir.clone()), &t);
+        assert_eq!((c.kind, c.name.as_str()), (ServiceKind::Pod, "shop/web-1"));
+        assert_eq!(c.pod_uid.as_deref(), Some(uid));
+        assert_eq!(c.pod_qos, Some(QosClass::Burstable));
+        assert_eq!(
+            (
+                c.pod_namespace.as_deref(),
+                c.pod_name.as_deref(),
+                c.pod_container.as_deref()
+            ),
+            (Some("shop"), Some("web-1"), None)
+        );
+        for path in [format!("{pod_dir}/{app}"), format!("/k8s.io/{app}")] {
+            let c = CgroupRef::new(2, Some(path.clone()), &t);
+            assert_eq!(c.kind, ServiceKind::Container, "{path}");
+            assert_eq!(c.name, "shop/web-1/app", "{path}");
+            assert_eq!(c.container_id.as_deref(), Some(app.as_str()));
+            assert_eq!(c.image.as_deref(), Some("docker.io/library/app:1"));
+            assert_eq!(c.runtime, Some(Runtime::Containerd));
+            assert_eq!(c.pod_uid.as_deref(), Some(uid), "{path}");
+            assert_eq!(
+                (
+                    c.pod_namespace.as_deref(),
+                    c.pod_name.as_deref(),
+                    c.pod_container.as_deref()
+                ),
+                (Some("shop"), Some("web-1"), Some("app"))
+            );
+        }
+        let c = CgroupRef::new(3, Some(format!("/k8s.io/{sandbox}")), &t);
+        assert_eq!(c.name, "shop/web-1");
+        assert_eq!(c.pod_container, None);
+        // The names reach the events as fields a reader (and the metrics) can take.
+        let v =
+            serde_json::to_value(CgroupRef::new(2, Some(format!("/k8s.io/{app}")), &t)).unwrap();
+        assert_eq!(v["pod_namespace"], "shop");
+        assert_eq!(v["pod_name"], "web-1");
+        assert_eq!(v["pod_container"], "app");
+    }
+
     #[test]
     fn policy_input_wire_form_is_pinned() {
         let e = Event::PolicyInput(PolicyInput {

@@ -1,7 +1,8 @@
 //! What a cgroup is, read from its path alone: a container (Docker, containerd, CRI-O,
 //! podman; cgroupfs or systemd driver), a Kubernetes pod (kubelet's cgroupfs or systemd
-//! driver, with its QoS class), a systemd unit, or just a cgroup. Docker's API later adds a
-//! container's name and image; this is what is known without asking anyone.
+//! driver, with its QoS class), a systemd unit, or just a cgroup. Docker's and containerd's
+//! APIs later add a container's name, image and pod; this is what is known without asking
+//! anyone.
 
 use serde::{Deserialize, Serialize};
 

@@ -10,7 +10,7 @@ use isolator_common::UNATTRIBUTED_CGROUP;
 
 use super::{
     cgroupfs::IoHierarchy,
-    docker::{ContainerTable, DockerUpdate},
+    containers::{ContainerTable, ContainerUpdate},
 };
 use crate::events::CgroupRef;
 
@@ -23,7 +23,7 @@ pub struct Registry {
     known: HashMap<u64, CgroupRef>,
     /// Cgroups confirmed removed (kernfs ids are never reused), kept until forgotten.
     gone: HashSet<u64>,
-    /// What Docker says of the containers that exist.
+    /// What Docker and containerd say of the containers that exist.
     pub containers: ContainerTable,
 }
 
@@ -97,9 +97,9 @@ impl Registry {
         self.known.get(&id)?.path.clone()
     }
 
-    /// Applies what Docker said; cgroups of changed containers are named again. Returns
-    /// whether anything changed.
-    pub fn apply_docker(&mut self, update: &DockerUpdate) -> bool {
+    /// Applies what a runtime said; cgroups of changed containers, and of pods whose
+    /// sandbox changed, are named again. Returns whether anything changed.
+    pub fn apply_containers(&mut self, update: &ContainerUpdate) -> bool {
         let change = self.containers.apply(update);
         if change.is_empty() {
             return false;
@@ -107,7 +107,10 @@ impl Registry {
         for c in self.known.values_mut() {
             let affected = c.container_id.as_ref().is_some_and(|id| {
                 change.changed.binary_search(id).is_ok() || change.removed.binary_search(id).is_ok()
-            });
+            }) || c
+                .pod_uid
+                .as_ref()
+                .is_some_and(|uid| change.pods.binary_search(uid).is_ok());
             if affected {
                 *c = CgroupRef::new(c.id, c.path.take(), &self.containers);
             }

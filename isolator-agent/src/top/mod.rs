@@ -52,9 +52,12 @@ pub struct TopOptions {
     /// Docker Engine API socket, for container names in the collector top runs itself.
     #[arg(long, value_name = "PATH", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
+    /// containerd's API socket, for pod names in the collector top runs itself.
+    #[arg(long, value_name = "PATH", default_value = crate::identify::containerd::DEFAULT_SOCKET)]
+    pub containerd_socket: PathBuf,
     /// Show a recorded run instead (a file `isolator run --json FILE` wrote): step, play
     /// and jump through its cycles.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "interval", "btf", "docker_socket"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "interval", "btf", "docker_socket", "containerd_socket"])]
     pub replay: Option<PathBuf>,
 }
 
@@ -367,6 +370,7 @@ impl OwnCollector {
             interval: opts.interval,
             btf: opts.btf.clone(),
             docker_socket: opts.docker_socket.clone(),
+            containerd_socket: opts.containerd_socket.clone(),
             // Observe only, and its events are for this view alone.
             config: None,
             socket: "off".into(),

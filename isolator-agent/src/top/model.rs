@@ -416,6 +416,13 @@ impl Model {
                 );
                 self.push_action(action(ActionKind::Info, None, None, vec![], text));
             }
+            Event::ContainerdConnected(d) => {
+                let text = format!(
+                    "containerd {} answers on {} ({} containers in {})",
+                    d.version, d.socket, d.containers, d.namespace
+                );
+                self.push_action(action(ActionKind::Info, None, None, vec![], text));
+            }
             Event::AgentStop(stop) => {
                 let text = format!(
                     "agent stopped ({}) after {} cycles",
@@ -624,8 +631,13 @@ fn violation_numbers(v: &ViolationInfo) -> String {
 }
 
 fn label_text(l: &LabelSloInfo) -> String {
+    let what = if l.pod_uid.is_some() {
+        "pod"
+    } else {
+        "container"
+    };
     format!(
-        "container {}: label SLO {}: {}",
+        "{what} {}: label SLO {}: {}",
         l.container, l.outcome, l.message
     )
 }
