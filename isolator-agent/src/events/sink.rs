@@ -30,6 +30,9 @@ pub struct NdjsonSink {
     kept: Option<Kept>,
 }
 
+/// Events kept at most between two takes.
+const MAX_KEPT: usize = 1 << 16;
+
 struct Kept {
     wants: fn(&Event) -> bool,
     events: Vec<Event>,
@@ -106,7 +109,10 @@ impl NdjsonSink {
             s.publish(event.replay_role(), line.as_str().into());
         }
         if let Some(k) = self.kept.as_mut().filter(|k| (k.wants)(event)) {
-            k.events.push(event.clone());
+            // Taken every cycle; bounded for cycles that keep failing before they are.
+            if k.events.len() < MAX_KEPT {
+                k.events.push(event.clone());
+            }
         }
         self.out.send(line);
     }

@@ -77,7 +77,7 @@ impl Exporter {
             scratch: String::new(),
             _server: server,
         };
-        e.render();
+        e.render(Instant::now());
         Ok(e)
     }
 
@@ -88,21 +88,22 @@ impl Exporter {
 
     /// Adds one cycle and publishes the new exposition.
     pub fn cycle(&mut self, input: &CycleInput) {
-        Arc::get_mut(&mut self.model)
-            .expect("the model is shared only while rendering")
-            .apply(input);
-        self.render();
+        let started = Instant::now();
+        self.model_mut().apply(input);
+        self.render(started);
     }
 
-    fn render(&mut self) {
-        let started = Instant::now();
+    fn model_mut(&mut self) -> &mut Model {
+        Arc::get_mut(&mut self.model).expect("the model is shared only while rendering")
+    }
+
+    /// Renders and publishes; the time since `started` is said in the next exposition.
+    fn render(&mut self, started: Instant) {
         let (exposition, series) = render::render(&self.model, &mut self.scratch);
         self.published.set(exposition);
-        let x = &mut Arc::get_mut(&mut self.model)
-            .expect("the model is shared only while rendering")
-            .exposition;
+        let x = &mut self.model_mut().exposition;
         x.last_series = series;
-        x.last_render_s = started.elapsed().as_secs_f64();
+        x.last_export_s = started.elapsed().as_secs_f64();
     }
 
     /// The exposition scrapes get now.

@@ -239,9 +239,10 @@ pub struct SelfFigures {
     pub max_series: usize,
     /// Series reserved by the pairs let in.
     pub reserved: usize,
-    /// Series of the previous exposition, and how long rendering it took.
+    /// Series of the previous exposition, and how long the previous cycle's export took
+    /// (adding the cycle, rendering both formats).
     pub last_series: u64,
-    pub last_render_s: f64,
+    pub last_export_s: f64,
     /// Pairs refused a place, once per stay, by level.
     pub left_out_total: [u64; 2],
     /// Pairs left out and still active, by level.

@@ -334,10 +334,10 @@ fn agent_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
     )?;
     family(
         enc,
-        "isolator_metrics_render_duration_seconds",
-        "Time to render the previous exposition.",
+        "isolator_metrics_export_duration_seconds",
+        "Time the previous exposition took: adding its cycle and rendering both formats.",
         Gauge,
-        |f| plain_gauge(f, x.last_render_s),
+        |f| plain_gauge(f, x.last_export_s),
     )
 }
 
