@@ -8,9 +8,10 @@ log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 # Debian packages: fio and bpftrace for tests/benchmarks, qemu + busybox for the VM tests,
 # losetup (mount) for loop devices, dockerd and containerd (with ctr) for the container
-# tests, protoc for the build (containerd-client compiles containerd's API protos).
+# tests, protoc for the build (containerd-client compiles containerd's API protos),
+# prometheus (with promtool) and curl for the metrics test, which starts its own Prometheus.
 PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io
-  containerd protobuf-compiler)
+  containerd protobuf-compiler prometheus curl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -19,7 +20,25 @@ if ((${#missing[@]})); then
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Some of these start a daemon from their postinst (prometheus, docker.io, containerd)
+  # through invoke-rc.d, which asks policy-rc.d: "101" (action forbidden) for the install,
+  # so none is left running; the tests start their own. Any policy-rc.d already there is
+  # put back afterwards.
+  POLICY=/usr/sbin/policy-rc.d
+  saved=""
+  if [[ -e "$POLICY" ]]; then
+    saved=$(mktemp)
+    cp -p "$POLICY" "$saved"
+  fi
+  restore_policy() {
+    if [[ -n "$saved" ]]; then mv -f "$saved" "$POLICY"; else rm -f "$POLICY"; fi
+  }
+  trap restore_policy EXIT
+  printf '#!/bin/sh\nexit 101\n' >"$POLICY"
+  chmod 755 "$POLICY"
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  restore_policy
+  trap - EXIT
 fi
 
 # Rust toolchains: stable (from rust-toolchain.toml) with the musl target for the static

@@ -34,6 +34,12 @@ use crate::{
     identify::registry::Registry,
     measure::metrics::Metrics,
     policy, privileges,
+    prometheus::{
+        self,
+        model::CycleInput,
+        server::{MetricsAddr, MetricsListener},
+        Exporter,
+    },
 };
 
 /// `isolator run`'s options.
@@ -93,6 +99,27 @@ pub struct RunOptions {
     /// maps and the agent's tables (1s to 1h).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_idle_timeout)]
     pub idle_key_timeout: Duration,
+    /// Serve Prometheus metrics (docs/metrics.md) on IP:PORT (e.g. 127.0.0.1:9500,
+    /// [::1]:9500, 0.0.0.0:9500) or a unix socket (unix:/run/isolator/metrics.sock, mode
+    /// 0600); off by default.
+    #[arg(long, value_name = "ADDR", value_parser = crate::prometheus::server::parse_address)]
+    pub metrics: Option<MetricsAddr>,
+    /// Series the per-(cgroup, disk) and per-(service, disk) metrics may take; a new pair
+    /// beyond is left out (and counted) until idle ones leave.
+    #[arg(long, value_name = "N", default_value_t = crate::prometheus::model::DEFAULT_MAX_SERIES, value_parser = parse_series_limit)]
+    pub metrics_max_series: usize,
+}
+
+fn parse_series_limit(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of series; use e.g. 50000"))?;
+    let least = crate::prometheus::model::SERVICE_SERIES;
+    if !(least..=10_000_000).contains(&n) {
+        return Err(format!("{n} series is outside {least}..=10000000"));
+    }
+    Ok(n)
 }
 
 fn parse_key_count(s: &str) -> Result<u32, String> {
@@ -232,6 +259,8 @@ pub struct Agent {
     control: Option<Controller>,
     docker: Option<RuntimeLink>,
     containerd: Option<RuntimeLink>,
+    /// The metrics endpoint (--metrics).
+    exporter: Option<Exporter>,
     /// Fault injection for the tests of what a panic leaves behind (nothing): the cycle
     /// of this number panics. Set by ISOLATOR_FAULT_PANIC_AT_CYCLE.
     panic_at_cycle: Option<u64>,
@@ -269,6 +298,15 @@ impl Agent {
                 code: "memlock".into(),
                 message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
             }));
+        }
+        // Bound before anything is loaded: an address in use is bad input.
+        let metrics = opts
+            .metrics
+            .as_ref()
+            .map(MetricsListener::bind)
+            .transpose()?;
+        if metrics.is_some() {
+            sink.keep(prometheus::wants);
         }
         let hierarchy = IoHierarchy::detect()?;
         // The config is checked before anything is locked, recovered or written.
@@ -364,6 +402,7 @@ impl Agent {
             dry_run: opts.dry_run,
             stats_map,
             kernel_features: probe.features,
+            metrics: metrics.as_ref().map(|l| l.address().to_string()),
         }));
         for e in &early_events {
             sink.emit(e);
@@ -375,7 +414,24 @@ impl Agent {
             }
         }
         sink.flush();
+        let exporter = match metrics {
+            None => None,
+            Some(listener) => {
+                let shown = listener.address().to_string();
+                let settings = prometheus::Settings {
+                    max_series: opts.metrics_max_series,
+                    docker: opts.docker_socket.as_os_str() != "off",
+                    containerd: opts.containerd_socket.as_os_str() != "off",
+                    limits: Default::default(),
+                };
+                Some(
+                    Exporter::start(listener, settings)
+                        .with_context(|| format!("cannot serve metrics on {shown}"))?,
+                )
+            }
+        };
         Ok(Agent {
+            exporter,
             sink,
             collector,
             metrics: Metrics::default(),
@@ -429,12 +485,29 @@ impl Agent {
     pub fn cycle(&mut self) -> Result<()> {
         let started = Instant::now();
         let snap = self.collect()?;
+        let collect_ns = started.elapsed().as_nanos() as u64;
         self.identify(&snap);
-        let cgroups = self.measure(&snap);
+        let records = self.measure(&snap);
         let busy = self.sample_disks(&snap);
         self.decide_and_enforce(&snap, &busy);
-        self.end_cycle(&snap, busy, cgroups, started);
+        self.end_cycle(&snap, busy, records.len(), started);
+        self.export(&snap, &records, collect_ns);
         Ok(())
+    }
+
+    /// Export (--metrics): the cycle's deltas, its `cgroup_stats` and the events kept since
+    /// the last cycle, rendered once for every scrape until the next cycle.
+    fn export(&mut self, snap: &Snapshot, records: &[Event], collect_ns: u64) {
+        let Some(exporter) = self.exporter.as_mut() else {
+            return;
+        };
+        let events = self.sink.take_kept();
+        exporter.cycle(&CycleInput {
+            snap,
+            cgroups: records,
+            events: &events,
+            collect_ns,
+        });
     }
 
     /// Collect: the maps' deltas since the last cycle. Programs a queue turns out to need
@@ -504,8 +577,8 @@ impl Agent {
     }
 
     /// Measure: one `cgroup_stats` per cgroup with I/O; cgroups that are gone and idle
-    /// leave every table (`cgroup_gone`). Returns how many cgroups were reported.
-    fn measure(&mut self, snap: &Snapshot) -> usize {
+    /// leave every table (`cgroup_gone`). Returns the `cgroup_stats` written.
+    fn measure(&mut self, snap: &Snapshot) -> Vec<Event> {
         for (key, count) in &snap.inflight_resets {
             let cgroup = self.registry.cgroup(key.cgroup_id);
             self.sink.emit(&Event::warning(
@@ -522,9 +595,8 @@ impl Agent {
             self.metrics.forget_key(key);
         }
         let records = self.records(snap);
-        let n = records.len();
-        for r in records {
-            self.sink.emit(&r);
+        for r in &records {
+            self.sink.emit(r);
         }
         // Cgroups that are gone and saw no request this cycle: drop their keys so the maps
         // stay bounded. A stale in-flight count (an unseen completion) must not keep them.
@@ -545,7 +617,7 @@ impl Agent {
                 }));
             }
         }
-        n
+        records
     }
 
     /// Each disk with a key in the maps, sampled once: for the controller and cycle_end.

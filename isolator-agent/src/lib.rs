@@ -2,8 +2,8 @@
 //!
 //! Each cycle is a pipeline, and the folders are its stages (README, "How it works"):
 //! kernel -> [`collect`] -> [`identify`] -> [`measure`] -> decide ([`control`], [`policy`])
-//! -> plan and enforce ([`control`], [`enforcer`]) -> emit ([`events`]) -> readers ([`top`],
-//! [`replay`]). [`agent`] runs the stages in order.
+//! -> plan and enforce ([`control`], [`enforcer`]) -> emit ([`events`], and the metrics
+//! endpoint, [`prometheus`]) -> readers ([`top`], [`replay`]). [`agent`] runs the stages in order.
 
 pub mod agent;
 pub mod check;
@@ -16,6 +16,7 @@ pub mod identify;
 pub mod measure;
 pub mod policy;
 pub mod privileges;
+pub mod prometheus;
 pub mod replay;
 pub mod top;
 

@@ -201,6 +201,8 @@ pub struct AgentStart {
     pub stats_map: StatsCapacity,
     /// Where this kernel differs from current ones, as the loader found it.
     pub kernel_features: KernelFeatures,
+    /// The address `--metrics` serves, as bound (a port 0 resolved); null without it.
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

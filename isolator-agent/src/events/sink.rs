@@ -26,6 +26,16 @@ struct Envelope<'a> {
 pub struct NdjsonSink {
     out: Output,
     socket: Option<StreamServer>,
+    /// Events kept for an in-process consumer (the metrics endpoint) until it takes them.
+    kept: Option<Kept>,
+}
+
+/// Events kept at most between two takes.
+const MAX_KEPT: usize = 1 << 16;
+
+struct Kept {
+    wants: fn(&Event) -> bool,
+    events: Vec<Event>,
 }
 
 impl NdjsonSink {
@@ -46,7 +56,28 @@ impl NdjsonSink {
     }
 
     fn new(out: Output) -> Self {
-        NdjsonSink { out, socket: None }
+        NdjsonSink {
+            out,
+            socket: None,
+            kept: None,
+        }
+    }
+
+    /// From now on, also keep a copy of every event `wants` selects, until
+    /// [`NdjsonSink::take_kept`].
+    pub fn keep(&mut self, wants: fn(&Event) -> bool) {
+        self.kept = Some(Kept {
+            wants,
+            events: vec![],
+        });
+    }
+
+    /// The events kept since the last call, in order.
+    pub fn take_kept(&mut self) -> Vec<Event> {
+        self.kept
+            .as_mut()
+            .map(|k| std::mem::take(&mut k.events))
+            .unwrap_or_default()
     }
 
     /// The event socket, for a stopping agent to drain.
@@ -76,6 +107,12 @@ impl NdjsonSink {
         };
         if let Some(s) = &self.socket {
             s.publish(event.replay_role(), line.as_str().into());
+        }
+        if let Some(k) = self.kept.as_mut().filter(|k| (k.wants)(event)) {
+            // Taken every cycle; bounded for cycles that keep failing before they are.
+            if k.events.len() < MAX_KEPT {
+                k.events.push(event.clone());
+            }
         }
         self.out.send(line);
     }

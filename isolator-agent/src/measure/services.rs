@@ -6,7 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use isolator_common::{OP_READ, OP_WRITE};
 
-use crate::{collect::collector::Snapshot, measure::metrics::HistSum, policy::ServiceId};
+use crate::{
+    collect::collector::{KeyDelta, LatencyDelta, Snapshot},
+    measure::metrics::HistSum,
+    policy::ServiceId,
+};
 
 /// One service's I/O on one device this cycle.
 #[derive(Default)]
@@ -26,6 +30,17 @@ pub struct ServiceIo {
 
 /// Each service's I/O this cycle, by (device, service).
 pub type ServiceIoByDevice = BTreeMap<(u32, ServiceId), ServiceIo>;
+
+/// The latency a service's SLO is judged on, of one key's cycle: what the submitter waits,
+/// queueing plus device time. Keys without start times (no queue timestamps) fall back to
+/// device latency.
+pub fn slo_latency(d: &KeyDelta) -> &LatencyDelta {
+    if d.latency.total.count > 0 {
+        &d.latency.total
+    } else {
+        &d.latency.device
+    }
+}
 
 /// Sums the snapshot's keys per (device, service); `service_of` gives a cgroup's service.
 /// Keys without requests count only for a (service, device) in `remembered` (the ones the
@@ -62,13 +77,7 @@ pub fn aggregate(
         a.total_sum += d.latency.total.sum_ns;
         a.peak += d.inflight_peak;
         a.cgroups.insert(d.key.cgroup_id);
-        // The SLO is on what the submitter waits: queueing plus device time. Keys
-        // without start times (no queue timestamps) fall back to device latency.
-        a.hist.add(if d.latency.total.count > 0 {
-            &d.latency.total.hist
-        } else {
-            &d.latency.device.hist
-        });
+        a.hist.add(&slo_latency(d).hist);
     }
     for &(sid, dev) in remembered {
         acc.entry((dev, sid)).or_default();
