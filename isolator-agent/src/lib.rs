@@ -17,6 +17,7 @@ pub mod measure;
 pub mod policy;
 pub mod privileges;
 pub mod replay;
+pub mod systemd;
 pub mod top;
 
 /// The property tests' budget: a fixed number of cases, and no failure files written into

@@ -1,0 +1,650 @@
+//! Deployment: the `--json` file bounded by rotation (and a full disk under it), the systemd
+//! unit (`systemd-analyze verify`, the notify protocol against a fake NOTIFY_SOCKET, the
+//! agent observing and controlling with only the unit's capabilities), and the container
+//! image running the agent with the DaemonSet's mounts and capabilities.
+
+use std::{
+    io::{BufRead, BufReader},
+    os::unix::{
+        fs::PermissionsExt,
+        net::{UnixDatagram, UnixStream},
+    },
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use isolator_tests::*;
+use serde_json::Value;
+
+/// Bytes the process passed to write(2) and its kin so far (/proc/PID/io `wchar`).
+fn written_bytes(pid: i32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// `base` and its rotated `base.N` in `dir`, oldest first.
+fn rotation_set(dir: &Path, base: &str) -> Vec<PathBuf> {
+    let mut numbered: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == base {
+                return Some((0, e.path()));
+            }
+            let n = name.strip_prefix(base)?.strip_prefix('.')?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    numbered.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    numbered.into_iter().map(|(_, p)| p).collect()
+}
+
+fn lines_of(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{}: not NDJSON ({e}): {l:?}", path.display()))
+        })
+        .collect()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// A reader of a 64 MiB file (random 4 KiB direct reads) for at most `seconds`: every
+/// cycle has cgroup_stats to write.
+fn reader(scratch: &Scratch, seconds: u64) -> Child {
+    let file = scratch.path("r.dat");
+    if !file.exists() {
+        make_file(&file, 64 << 20);
+    }
+    Command::new(loadgen_bin())
+        .args(["--path", file.to_str().unwrap()])
+        .args(["--op", "randread", "--bs", "4096", "--direct"])
+        .args([
+            "--bytes",
+            "1099511627776",
+            "--seconds",
+            &seconds.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const LIMIT: u64 = 4096;
+const BACKUPS: usize = 2;
+
+#[test]
+fn json_rotation_keeps_at_most_n_plus_one_private_files_of_valid_ndjson() {
+    require_root();
+    let io = Scratch::new();
+    let load = Reaped(reader(&io, 120));
+    let mut agent = Agent::start(&[
+        "--interval",
+        "1s",
+        "--json-max-size",
+        &LIMIT.to_string(),
+        "--json-backups",
+        &BACKUPS.to_string(),
+        "--socket",
+        "off",
+        "--docker-socket",
+        "off",
+    ]);
+    let dir = agent.dir().to_path_buf();
+    // Without --config, --socket or Docker, the agent writes nothing but its events (and
+    // stderr, which is counted off below): more than 3x the limit goes through the file.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while written_bytes(agent.pid()) < 4 * LIMIT {
+        assert!(Instant::now() < deadline, "the agent wrote too little");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(load);
+    // logrotate's way too: move the file away and SIGHUP; the agent writes a new one.
+    let moved = dir.join("moved-by-logrotate.ndjson");
+    std::fs::rename(&agent.events, &moved).unwrap();
+    agent.signal(libc::SIGHUP);
+    agent.wait_for(
+        |e| e["type"] == "warning" && e["code"] == "reopened",
+        Duration::from_secs(10),
+    );
+    agent.wait_cycles(1);
+    let written = written_bytes(agent.pid());
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        written - stderr.len() as u64 > 3 * LIMIT,
+        "{written} bytes written"
+    );
+
+    let set = rotation_set(&dir, "events.ndjson");
+    assert_eq!(
+        set.len(),
+        BACKUPS + 1,
+        "more than 3x the limit written: the file and {BACKUPS} backups, no more: {set:?}"
+    );
+    let mut cycles = vec![];
+    for f in set.iter().chain([&moved]) {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+        let len = std::fs::metadata(f).unwrap().len();
+        assert!(len > 0 && len <= LIMIT, "{}: {len} bytes", f.display());
+        // Every line is NDJSON the typed model reads and writes back as it was.
+        assert_events_round_trip(f);
+        cycles.extend(
+            lines_of(f)
+                .iter()
+                .filter(|e| e["type"] == "cycle_end")
+                .map(|e| e["cycle"].as_u64().unwrap()),
+        );
+    }
+    assert!(
+        !dir.join("events.ndjson.new").exists(),
+        "a rotation left its new file"
+    );
+    // No line was lost or written twice at a rotation: the cycles kept are consecutive.
+    cycles.sort();
+    let first = cycles[0];
+    let want: Vec<u64> = (first..first + cycles.len() as u64).collect();
+    assert_eq!(cycles, want, "cycles kept across the files");
+    let last = lines_of(set.last().unwrap());
+    assert_eq!(last.last().unwrap()["type"], "agent_stop");
+}
+
+/// A tmpfs of `kib` KiB mounted on `dir` (mode 0700), unmounted on drop.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(dir: PathBuf, kib: u64) -> SmallDisk {
+        std::fs::create_dir_all(&dir).unwrap();
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={kib}k,mode=0700")])
+                .arg("isolator-test")
+                .arg(&dir),
+        );
+        SmallDisk { dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// A best-effort service with a 50 MB/s ceiling over the cgroups `/PREFIX-*`, split evenly
+/// among them; the first cgroup reads a file.
+struct CeilingRig {
+    scratch: Scratch,
+    prefix: String,
+    cgroups: Vec<TestCgroup>,
+    dev: String,
+    config: PathBuf,
+    journal: PathBuf,
+    _reader: Reaped,
+}
+
+impl CeilingRig {
+    fn new() -> CeilingRig {
+        let scratch = Scratch::new();
+        let file = scratch.path("r.dat");
+        make_file(&file, 64 << 20);
+        let dev = disk_of(&file);
+        let prefix = unique("iso-deploy");
+        let cgroup = TestCgroup::new(&prefix);
+        let config = scratch.path("isolator.toml");
+        std::fs::write(
+            &config,
+            format!("[[service]]\nname = \"backup\"\ncgroup = \"/{prefix}-*\"\nclass = \"best-effort\"\nceiling = \"50MB/s\"\n"),
+        )
+        .unwrap();
+        let reader = Reaped(cgroup.spawn(&format!(
+            "{} --path {} --op read --bytes 1099511627776 --bs 1048576 --direct --seconds 120",
+            loadgen_bin().display(),
+            file.display()
+        )));
+        CeilingRig {
+            journal: scratch.path("journal"),
+            scratch,
+            prefix,
+            cgroups: vec![cgroup],
+            dev,
+            config,
+            _reader: reader,
+        }
+    }
+
+    /// The agent's arguments, serving its events on `socket` ("off": not).
+    fn args(&self, socket: &str) -> Vec<String> {
+        [
+            "--interval",
+            "1s",
+            "--config",
+            self.config.to_str().unwrap(),
+            "--journal-dir",
+            self.journal.to_str().unwrap(),
+            "--docker-socket",
+            "off",
+            "--socket",
+            socket,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// Another cgroup of the service, idle (made before the agent starts, which finds it
+    /// in its first walk of the hierarchy).
+    fn add_cgroup(&mut self) -> usize {
+        self.cgroups.push(TestCgroup::new(&self.prefix));
+        self.cgroups.len() - 1
+    }
+
+    /// Waits until cgroup `i`'s read limit is `want`.
+    fn wait_for_rbps(&self, i: usize, want: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.cgroups[i].rbps(&self.dev) != want {
+            assert!(
+                Instant::now() < deadline,
+                "cgroup {i}'s limit never became {want} (it is {}; processes in it: {:?})",
+                self.cgroups[i].rbps(&self.dev),
+                std::fs::read_to_string(self.cgroups[i].dir.join("cgroup.procs"))
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_full_disk_under_the_event_files_is_an_error_and_control_goes_on() {
+    require_root();
+    let rig = CeilingRig::new();
+    let disk = SmallDisk::mount(rig.scratch.path("events"), 64);
+    let events = disk.dir.join("events.ndjson");
+    let socket = rig.scratch.path("isolator.sock");
+    let mut args = rig.args(socket.to_str().unwrap());
+    args.extend(["--json-max-size", "16KiB", "--json-backups", "1"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::spawn_writing(Scratch::new(), events.clone(), &[], &args, &[]);
+    agent.wait_for(|e| e["type"] == "agent_start", Duration::from_secs(30));
+    rig.wait_for_rbps(0, "50000000");
+    // The socket carries every event, also while none can be written to the file.
+    let stream = UnixStream::connect(&socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut live = BufReader::new(stream)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(&l.expect("the socket ended")).unwrap());
+    let mut next = |what: &str, pred: &dyn Fn(&Value) -> bool| -> Value {
+        live.find(|e| pred(e))
+            .unwrap_or_else(|| panic!("the socket ended before {what}"))
+    };
+    // The disk fills up (with a file that is not the agent's).
+    let free = {
+        // SAFETY: a zeroed statvfs is a valid out-parameter.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(disk.dir.to_str().unwrap()).unwrap();
+        // SAFETY: statvfs on a NUL-terminated path into a struct we own.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bavail * st.f_bsize
+    };
+    let filler = disk.dir.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; free as usize + 4096]);
+    let failed = next("output_failed", &|e| e["code"] == "output_failed");
+    assert_eq!(failed["type"], "error", "{failed}");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("No space left"),
+        "{failed}"
+    );
+    // Control goes on while nothing reaches the file: cycles, the service held at its
+    // ceiling (the kernel's knob says so too).
+    let at = next("a cycle", &|e| e["type"] == "cycle_end")["cycle"]
+        .as_u64()
+        .unwrap();
+    let held = next("3 more cycles of control", &|e| {
+        e["type"] == "service_stats"
+            && e["cycle"].as_u64() >= Some(at + 3)
+            && e["limit"]["rbps"] == 50_000_000
+    });
+    assert_eq!(held["state"], "throttled", "{held}");
+    assert_eq!(rig.cgroups[0].rbps(&rig.dev), "50000000");
+    std::fs::remove_file(&filler).unwrap();
+    agent.wait_for(
+        |e| e["type"] == "warning" && e["code"] == "output_recovered",
+        Duration::from_secs(30),
+    );
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "{stderr}");
+    // Said once for the outage, as an error, on stderr too.
+    assert_eq!(
+        stderr.matches("output_failed").count(),
+        1,
+        "stderr: {stderr}"
+    );
+    assert!(stderr.contains("ERROR"), "{stderr}");
+    let set = rotation_set(&disk.dir, "events.ndjson");
+    assert!(!set.is_empty() && set.len() <= 2, "{set:?}");
+    for f in &set {
+        assert_eq!(mode(f), 0o600);
+        for l in std::fs::read_to_string(f).unwrap().lines() {
+            // A line the full disk cut short is the only kind that may not parse.
+            if l.ends_with('}') {
+                serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            }
+        }
+    }
+    assert_eq!(rig.cgroups[0].rbps(&rig.dev), rig.cgroups[0].unlimited());
+    drop(disk);
+}
+
+/// The values of `key=` lines in the shipped unit, split on whitespace.
+fn unit_values(key: &str) -> Vec<String> {
+    let unit = std::fs::read_to_string(workspace_root().join("deploy/isolator.service")).unwrap();
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+        .flat_map(|v| v.split_whitespace().map(String::from))
+        .collect()
+}
+
+/// Runs `systemd-analyze verify` on `unit` (a file's text) installed as isolator.service
+/// in a scratch root holding the host's own unit directory, the built binary where
+/// ExecStart wants it and /usr/bin/kill: the shipped file is checked as it is, and nothing
+/// is installed on the host. Returns verify's output (empty when clean) and its status.
+fn verify_unit(unit: &str) -> (bool, String) {
+    let root = Scratch::new();
+    let r = |p: &str| root.dir.join(p);
+    for d in [
+        "usr/bin",
+        "usr/local/bin",
+        "usr/lib/systemd",
+        "etc/systemd/system",
+    ] {
+        std::fs::create_dir_all(r(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("usr/bin", r("bin")).unwrap();
+    std::os::unix::fs::symlink("usr/lib", r("lib")).unwrap();
+    run_ok(
+        Command::new("cp")
+            .args(["-r", "/usr/lib/systemd/system"])
+            .arg(r("usr/lib/systemd/")),
+    );
+    std::fs::copy(isolator_bin(), r("usr/local/bin/isolator")).unwrap();
+    std::fs::copy("/usr/bin/kill", r("usr/bin/kill")).unwrap();
+    std::fs::write(r("etc/systemd/system/isolator.service"), unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(format!("--root={}", root.dir.display()))
+        .arg("isolator.service")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    require_root();
+    require_tool("systemd-analyze");
+    let unit = std::fs::read_to_string(workspace_root().join("deploy/isolator.service")).unwrap();
+    let (ok, said) = verify_unit(&unit);
+    assert!(
+        ok && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
+    // verify warns (and exits 0) on a directive it does not know: a broken copy must be
+    // caught by the same check.
+    let broken = unit.replace("WatchdogSec=", "WatchdogSecs=");
+    let (_, said) = verify_unit(&broken);
+    assert!(said.contains("WatchdogSecs"), "{said}");
+    // What the unit promises, as the agent needs it.
+    assert_eq!(unit_values("Type"), ["notify"]);
+    assert_eq!(unit_values("Restart"), ["on-failure"]);
+    assert!(!unit_values("WatchdogSec").is_empty());
+    assert_eq!(
+        unit_values("CapabilityBoundingSet"),
+        unit_values("AmbientCapabilities")
+    );
+}
+
+/// The unit's capabilities as setpriv spells them ("+bpf,+perfmon,...").
+fn setpriv_caps(caps: &[String]) -> String {
+    caps.iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// setpriv's arguments for root's uid with only `caps` (as CapabilityBoundingSet= leaves
+/// root), and none to pass on.
+fn only_caps(caps: &[String]) -> Vec<String> {
+    vec![
+        "setpriv".into(),
+        "--bounding-set".into(),
+        format!("-all,{}", setpriv_caps(caps)),
+        "--inh-caps".into(),
+        "-all".into(),
+    ]
+}
+
+/// Receives the notify socket's datagrams until one has `what`, for at most `timeout`.
+fn recv_until(sock: &UnixDatagram, what: &str, timeout: Duration, seen: &mut Vec<String>) {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no {what} from the agent; got {seen:?}");
+        sock.set_read_timeout(Some(left)).unwrap();
+        if let Ok(n) = sock.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let found = msg.lines().any(|l| l == what);
+            seen.push(msg);
+            if found {
+                return;
+            }
+        }
+    }
+}
+
+#[test]
+fn readiness_watchdog_and_stopping_reach_a_fake_notify_socket() {
+    require_root();
+    let scratch = Scratch::new();
+    let path = scratch.path("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    let notify = path.to_str().unwrap();
+    let mut agent = Agent::spawn(
+        &[],
+        &[
+            "--interval",
+            "1s",
+            "--socket",
+            "off",
+            "--docker-socket",
+            "off",
+        ],
+        &[("NOTIFY_SOCKET", notify), ("WATCHDOG_USEC", "3000000")],
+    );
+    let mut seen = vec![];
+    recv_until(&sock, "READY=1", Duration::from_secs(30), &mut seen);
+    // Ready only after the programs are attached, and agent_start is out first.
+    let events = agent.events();
+    assert_eq!(
+        events.first().map(|e| e["type"].clone()),
+        Some("agent_start".into()),
+        "READY=1 came before agent_start was written: {events:?}"
+    );
+    assert!(
+        seen.last().unwrap().contains("STATUS=observing"),
+        "{seen:?}"
+    );
+    // Keep-alives come (counted against the cycles below).
+    for _ in 0..3 {
+        recv_until(&sock, "WATCHDOG=1", Duration::from_secs(10), &mut seen);
+    }
+    // 3 s is two cycles and more: no warning.
+    assert!(!agent
+        .events()
+        .iter()
+        .any(|e| e["type"] == "warning" && e["code"] == "watchdog"));
+    agent.signal(libc::SIGTERM);
+    recv_until(&sock, "STOPPING=1", Duration::from_secs(10), &mut seen);
+    let (status, stderr) = agent.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let stop = agent.events().last().unwrap().clone();
+    assert_eq!(stop["type"], "agent_stop");
+    // One keep-alive per cycle, and one READY=1.
+    sock.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = sock.recv(&mut buf) {
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let count = |what: &str| seen.iter().filter(|m| m.lines().any(|l| l == what)).count();
+    assert_eq!(
+        count("WATCHDOG=1") as u64,
+        stop["cycles"].as_u64().unwrap(),
+        "{seen:?}"
+    );
+    assert_eq!(count("READY=1"), 1);
+    let stopping = seen.iter().position(|m| m.contains("STOPPING=1")).unwrap();
+    assert!(
+        seen[stopping + 1..]
+            .iter()
+            .all(|m| !m.contains("WATCHDOG=1")),
+        "{seen:?}"
+    );
+
+    // A watchdog shorter than two cycles is said, with the least value that works.
+    let agent = Agent::start_with_env(
+        &[
+            "--interval",
+            "1s",
+            "--socket",
+            "off",
+            "--docker-socket",
+            "off",
+        ],
+        &[("NOTIFY_SOCKET", notify), ("WATCHDOG_USEC", "1500000")],
+    );
+    let w = agent.wait_for(
+        |e| e["type"] == "warning" && e["code"] == "watchdog",
+        Duration::from_secs(10),
+    );
+    assert!(
+        w["message"].as_str().unwrap().contains("at least 2s"),
+        "{w}"
+    );
+}
+
+#[test]
+fn the_units_capabilities_are_enough_to_observe_and_control() {
+    require_root();
+    require_tool("setpriv");
+    let caps = unit_values("CapabilityBoundingSet");
+    assert!(caps.len() >= 2, "{caps:?}");
+    let mut rig = CeilingRig::new();
+    // A cgroup owned by another user (a delegated subtree): its knobs are not root's.
+    let other = rig.add_cgroup();
+    let dir = &rig.cgroups[other].dir;
+    for p in std::iter::once(dir.clone())
+        .chain(std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()))
+    {
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let wrapper = only_caps(&caps);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let args = rig.args("off");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start_wrapped(&wrapper, &args, &[]);
+    // Observes: the reader's cgroup, named.
+    let path = rig.cgroups[0].rel_path();
+    agent.wait_for(
+        |e| e["type"] == "cgroup_stats" && e["cgroup"]["path"] == path.as_str(),
+        Duration::from_secs(30),
+    );
+    // Controls: the ceiling, split over both cgroups, the other user's too.
+    rig.wait_for_rbps(0, "25000000");
+    rig.wait_for_rbps(other, "25000000");
+    let (status, stderr) = agent.stop();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        !agent.events().iter().any(|e| e["type"] == "error"),
+        "{:?}",
+        agent.events()
+    );
+    for i in [0, other] {
+        assert_eq!(rig.cgroups[i].rbps(&rig.dev), rig.cgroups[i].unlimited());
+    }
+
+    // `isolator check` with the unit's capabilities: nothing missing.
+    let check = |caps: &[String]| {
+        let w = only_caps(caps);
+        let out = Command::new(&w[0])
+            .args(&w[1..])
+            .arg(isolator_bin())
+            .arg("check")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, said) = check(&caps);
+    assert!(ok, "{said}");
+    assert!(said.contains("ok    privileges"), "{said}");
+    // Each one is needed: without CAP_DAC_OVERRIDE the other user's cgroup cannot be
+    // limited (said by check, and seen in the kernel), without CAP_PERFMON nothing loads.
+    let without = |c: &str| -> Vec<String> { caps.iter().filter(|x| *x != c).cloned().collect() };
+    let (_, said) = check(&without("CAP_DAC_OVERRIDE"));
+    assert!(
+        said.contains("warn  privileges")
+            && said.contains(
+                "lacks CAP_DAC_OVERRIDE (to write the limits of cgroups owned by other users"
+            ),
+        "{said}"
+    );
+    let wrapper = only_caps(&without("CAP_DAC_OVERRIDE"));
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let agent = Agent::start_wrapped(&wrapper, &args, &[]);
+    agent.wait_for(
+        |e| {
+            e["type"] == "error"
+                && e["code"] == "write_rejected"
+                && e["message"].as_str().unwrap().contains("EACCES")
+        },
+        Duration::from_secs(30),
+    );
+    drop(agent);
+    let (ok, said) = check(&without("CAP_PERFMON"));
+    assert!(
+        !ok && said.contains("FAIL  privileges") && said.contains("CAP_PERFMON"),
+        "{said}"
+    );
+}
