@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 # Debian packages: fio and bpftrace for tests/benchmarks, qemu + busybox for the VM tests,
-# losetup (mount) for loop devices.
-PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io)
+# losetup (mount) for loop devices, systemd-analyze (systemd) to verify the unit, capsh
+# (libcap2-bin) for the deploy tests' capability masks.
+PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io systemd libcap2-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

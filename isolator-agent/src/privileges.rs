@@ -26,7 +26,7 @@ pub const AGENT_CAPABILITIES: [Capability; 4] = [
     Capability {
         name: "CAP_PERFMON",
         bit: CAP_PERFMON,
-        needed_for: "attach them to the block tracepoints and read kernel structs from them",
+        needed_for: "attach the programs to the block tracepoints and read kernel structs from them",
     },
     Capability {
         name: "CAP_SYS_RESOURCE",
@@ -36,7 +36,7 @@ pub const AGENT_CAPABILITIES: [Capability; 4] = [
     Capability {
         name: "CAP_DAC_OVERRIDE",
         bit: CAP_DAC_OVERRIDE,
-        needed_for: "write the limits of cgroups owned by other users (delegated subtrees: rootless containers, user sessions)",
+        needed_for: "write the limits of cgroups owned by other users, as in delegated subtrees (rootless containers, user sessions)",
     },
 ];
 

@@ -24,7 +24,7 @@ pub struct RotationLimits {
     pub backups: u32,
 }
 
-/// `--json-max-size`'s default: a day of a few hundred busy cgroups fits in the backups.
+/// `--json-max-size`'s default: bounded (600 MiB with the backups) without being small.
 pub const DEFAULT_MAX_SIZE: &str = "100MiB";
 /// `--json-backups`'s default.
 pub const DEFAULT_BACKUPS: u32 = 5;
