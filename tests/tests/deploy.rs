@@ -991,3 +991,198 @@ fn the_daemonset_grants_the_units_capabilities() {
     );
     assert!(pod.docker_args.contains(&"--cap-drop=ALL".to_string()));
 }
+
+/// The guest of the systemd test: the host's own root file system (its systemd, its shell
+/// and tools), exported read-only over 9p with a tmpfs overlay on top, the agent, the
+/// shipped unit and the probe put in, and systemd started as PID 1 with the probe's target.
+const SYSTEMD_INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in $(cat /modlist); do insmod /lib/$m.ko || echo "=== insmod $m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /lower || { echo "=== 9p failed"; poweroff -f; }
+mount -t tmpfs -o size=256m tmpfs /upper; mkdir /upper/u /upper/w
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w /newroot || { echo "=== overlay failed"; poweroff -f; }
+mkdir -p /newroot/usr/local/bin /newroot/etc/systemd/system
+cp /payload/isolator /payload/loadgen /payload/probe.sh /newroot/usr/local/bin/
+cp /payload/isolator.service /payload/isolator-probe.service /payload/isolator-test.target /newroot/etc/systemd/system/
+rm -f /newroot/etc/default/isolator
+exec switch_root /newroot /lib/systemd/systemd systemd.unit=isolator-test.target
+"#;
+
+const PROBE_TARGET: &str = "[Unit]
+Description=isolator unit test
+Requires=basic.target
+After=basic.target
+Wants=isolator.service isolator-probe.service
+AllowIsolate=yes
+";
+
+const PROBE_SERVICE: &str = "[Unit]
+Description=probe isolator.service
+After=isolator.service
+[Service]
+Type=oneshot
+ExecStart=/bin/sh /usr/local/bin/probe.sh
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/ttyS0
+";
+
+/// Prints `=== key: value` lines for the test to judge; every wait is bounded.
+const PROBE: &str = r#"say() { echo "=== $1: $2"; }
+show() { systemctl show isolator -p "$1" --value; }
+until_ok() { i=0; until eval "$1"; do i=$((i+1)); [ $i -gt 120 ] && break; sleep 0.5; done; }
+EV=/var/log/isolator/events.ndjson
+say started "$(show ActiveState)/$(show SubState) $(show StatusText)"
+P=$(show MainPID)
+say caps "$(awk '/^CapEff/{print $2}' /proc/$P/status) $(awk '/^CapBnd/{print $2}' /proc/$P/status)"
+say uid_nnp "$(awk '/^Uid/{print $2}' /proc/$P/status) $(awk '/^NoNewPrivs/{print $2}' /proc/$P/status)"
+say modes "$(stat -c %a /run/isolator) $(stat -c %a /run/isolator/isolator.sock) $(stat -c %a /var/log/isolator) $(stat -c %a $EV)"
+dd if=/dev/nullb0 of=/dev/null bs=4096 count=20000 iflag=direct 2>/dev/null
+until_ok 'grep -q "\"disk\":\"nullb0\"" $EV'
+say observed "$(grep -c '"disk":"nullb0"' $EV)"
+W1=$(show WatchdogTimestampMonotonic)
+until_ok '[ "$(show WatchdogTimestampMonotonic)" != "$W1" ]'
+say watchdog "$(show WatchdogUSec) $W1 $(show WatchdogTimestampMonotonic)"
+echo "+io" > /sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /sys/fs/cgroup/iso-unit-a
+sh -c 'echo $$ > /sys/fs/cgroup/iso-unit-a/cgroup.procs; exec /usr/local/bin/loadgen --path /dev/nullb0 --op read --bytes 1099511627776 --bs 1048576 --direct --seconds 300' >/dev/null 2>&1 &
+mkdir -p /etc/isolator
+printf '[[service]]\nname = "backup"\ncgroup = "/iso-unit-*"\nclass = "best-effort"\nceiling = "50MB/s"\n' > /etc/isolator/isolator.toml
+echo 'ISOLATOR_OPTS="--config /etc/isolator/isolator.toml"' > /etc/default/isolator
+systemctl restart isolator
+say restarted "$(show ActiveState)/$(show SubState) $(show StatusText)"
+until_ok 'grep -q rbps=50000000 /sys/fs/cgroup/iso-unit-a/io.max'
+say limited "$(cat /sys/fs/cgroup/iso-unit-a/io.max)"
+systemctl reload isolator
+until_ok 'grep -q "\"code\":\"reopened\"" $EV'
+say reopened "$(grep -c '"code":"reopened"' $EV)"
+kill -9 $(show MainPID)
+until_ok '[ "$(show NRestarts)" = 1 ] && [ "$(show SubState)" = running ] && grep -q "\"reason\":\"recovery\"" $EV'
+say crashed "$(show NRestarts) $(show ActiveState)/$(show SubState) recovery=$(grep -c '"reason":"recovery"' $EV)"
+until_ok 'grep -q rbps=50000000 /sys/fs/cgroup/iso-unit-a/io.max'
+say limited_again "$(cat /sys/fs/cgroup/iso-unit-a/io.max)"
+systemctl stop isolator
+say stopped "$(show ActiveState) $(show Result) io.max=[$(cat /sys/fs/cgroup/iso-unit-a/io.max)]"
+say last "$(tail -1 $EV)"
+kill $(cat /sys/fs/cgroup/iso-unit-a/cgroup.procs) 2>/dev/null
+say end "probe"
+systemctl poweroff -f
+"#;
+
+#[test]
+fn the_unit_under_systemd_in_a_vm_notifies_controls_restarts_and_restores() {
+    use isolator_tests::vm;
+    require_root();
+    require_tool("qemu-system-x86_64");
+    require_tool("cpio");
+    assert!(
+        Path::new("/lib/systemd/systemd").exists(),
+        "/lib/systemd/systemd is missing: run scripts/bootstrap.sh (installs systemd)"
+    );
+    let kdir = vm::kernel_dir("linux-image-6.1.");
+    let scratch = Scratch::new();
+    let root = scratch.path("root");
+    for d in [
+        "bin", "lib", "proc", "sys", "dev", "lower", "upper", "newroot", "payload",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static");
+    let modules = [
+        "drivers/virtio/virtio_ring",
+        "drivers/virtio/virtio",
+        "drivers/virtio/virtio_pci_modern_dev",
+        "drivers/virtio/virtio_pci_legacy_dev",
+        "drivers/virtio/virtio_pci",
+        "net/9p/9pnet",
+        "net/9p/9pnet_virtio",
+        "fs/netfs/netfs",
+        "fs/fscache/fscache",
+        "fs/9p/9p",
+        "fs/overlayfs/overlay",
+        "fs/configfs/configfs",
+        "drivers/block/null_blk/null_blk",
+    ];
+    let mut list = String::new();
+    for m in modules {
+        let name = m.rsplit('/').next().unwrap();
+        vm::add_module(&kdir, m, &root.join(format!("lib/{name}.ko")));
+        list.push_str(name);
+        list.push('\n');
+    }
+    std::fs::write(root.join("modlist"), list).unwrap();
+    let payload = root.join("payload");
+    std::fs::copy(isolator_bin(), payload.join("isolator")).unwrap();
+    std::fs::copy(loadgen_bin(), payload.join("loadgen")).unwrap();
+    std::fs::copy(
+        workspace_root().join("deploy/isolator.service"),
+        payload.join("isolator.service"),
+    )
+    .unwrap();
+    std::fs::write(payload.join("isolator-test.target"), PROBE_TARGET).unwrap();
+    std::fs::write(payload.join("isolator-probe.service"), PROBE_SERVICE).unwrap();
+    std::fs::write(payload.join("probe.sh"), PROBE).unwrap();
+    std::fs::write(root.join("init"), SYSTEMD_INIT).unwrap();
+    std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let initrd = scratch.path("initrd.gz");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "cd '{}' && find . | cpio -o -H newc --quiet | gzip -1 > '{}'",
+        root.display(),
+        initrd.display()
+    )));
+    let out = vm::boot_with(
+        &kdir,
+        &initrd,
+        "2",
+        &[
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        ],
+        "systemd.unit=isolator-test.target systemd.show_status=0",
+    );
+    let said = |key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("=== {key}: ")))
+            .unwrap_or_else(|| panic!("the guest did not say {key}:\n{out}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(said("end"), "probe", "{out}");
+    // Type=notify: started (READY=1) with its status; only the unit's capabilities.
+    assert_eq!(said("started"), "active/running observing");
+    let caps: Vec<String> = unit_values("CapabilityBoundingSet")
+        .iter()
+        .map(|c| c.trim_start_matches("CAP_").to_string())
+        .collect();
+    let mask = format!("{:016x}", cap_mask(&caps));
+    assert_eq!(said("caps"), format!("{mask} {mask}"), "CapEff CapBnd");
+    assert_eq!(said("uid_nnp"), "0 1");
+    // The directories systemd made for it and the files the agent made: root's alone.
+    assert_eq!(said("modes"), "700 600 700 600");
+    assert!(said("observed").parse::<u64>().unwrap() > 0);
+    // The watchdog is armed and pinged.
+    let w: Vec<String> = said("watchdog").split(' ').map(String::from).collect();
+    assert_eq!(w[0], "30s");
+    assert_ne!(w[1], w[2], "no keep-alive reached systemd");
+    // With --config from /etc/default/isolator: controls, through ProtectSystem=strict.
+    assert_eq!(
+        said("restarted"),
+        "active/running controlling with policy adaptive"
+    );
+    assert!(said("limited").contains("rbps=50000000"), "{out}");
+    assert!(said("reopened").parse::<u64>().unwrap() >= 1);
+    // SIGKILL: restarted by Restart=on-failure, the journal in /run/isolator (kept across
+    // the restart) restored first, and the ceiling set again.
+    let crashed = said("crashed");
+    assert!(
+        crashed.starts_with("1 active/running recovery=") && !crashed.ends_with("=0"),
+        "{crashed}"
+    );
+    assert!(said("limited_again").contains("rbps=50000000"));
+    // systemctl stop: SIGTERM, limits put back, exit 0.
+    assert_eq!(said("stopped"), "inactive success io.max=[]");
+    let last: Value = serde_json::from_str(&said("last")).unwrap();
+    assert_eq!(last["type"], "agent_stop");
+    assert_eq!(last["reason"], "SIGTERM");
+}
