@@ -9,9 +9,11 @@ log() { printf 'bootstrap: %s\n' "$*" >&2; }
 # Debian packages: fio and bpftrace for tests/benchmarks, qemu + busybox for the VM tests,
 # losetup (mount) for loop devices, dockerd and containerd (with ctr) for the container
 # tests, protoc for the build (containerd-client compiles containerd's API protos),
-# prometheus (with promtool) and curl for the metrics test, which starts its own Prometheus.
+# prometheus (with promtool) and curl for the metrics test, which starts its own Prometheus,
+# systemd-analyze (systemd) to verify the unit, capsh (libcap2-bin) for the deploy tests'
+# capability masks.
 PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io
-  containerd protobuf-compiler prometheus curl)
+  containerd protobuf-compiler prometheus curl systemd libcap2-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -20,6 +20,7 @@ use crate::{
     config::Config,
     control::Controller,
     enforcer::{Enforcer, HostLock, Journal},
+    events::rotation,
     events::stream::{StreamError, StreamServer},
     events::{
         AgentStart, AgentStop, CgroupGone, CgroupStats, ContainerdConnected, CycleEnd, DeviceStats,
@@ -40,6 +41,7 @@ use crate::{
         server::{MetricsAddr, MetricsListener},
         Exporter,
     },
+    systemd::Notifier,
 };
 
 /// `isolator run`'s options.
@@ -51,6 +53,13 @@ pub struct RunOptions {
     /// Append events to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Rotate the --json file before it grows past this size (e.g. 100MiB, 64M; K, M, G
+    /// are powers of 1024); 0: never (an external logrotate moves it and sends SIGHUP).
+    #[arg(long, value_name = "SIZE", default_value = rotation::DEFAULT_MAX_SIZE, value_parser = rotation::parse_max_size)]
+    pub json_max_size: u64,
+    /// Rotated --json files kept: PATH.1 (newest) to PATH.N; at most N+1 files in all.
+    #[arg(long, value_name = "N", default_value_t = rotation::DEFAULT_BACKUPS, value_parser = rotation::parse_backups)]
+    pub json_backups: u32,
     /// Kernel BTF to resolve struct offsets from.
     #[arg(long, value_name = "PATH", default_value = probe::DEFAULT_BTF)]
     pub btf: PathBuf,
@@ -268,6 +277,8 @@ pub struct Agent {
     /// every cycle.
     insert_failed: bool,
     issue_failed: bool,
+    /// systemd's notify protocol, for `isolator run` under systemd (not for `top`'s agent).
+    notifier: Option<Notifier>,
     // Declared last: dropping it detaches the programs after the maps are released.
     probe: Probe,
 }
@@ -276,7 +287,14 @@ impl Agent {
     /// Everything that can fail on bad input fails here, before the first cycle.
     pub fn start(opts: &RunOptions) -> Result<Self> {
         let sink = match &opts.json {
-            Some(p) => NdjsonSink::file(p).with_context(|| {
+            Some(p) => NdjsonSink::file(
+                p,
+                rotation::RotationLimits {
+                    max_bytes: opts.json_max_size,
+                    backups: opts.json_backups,
+                },
+            )
+            .with_context(|| {
                 format!("cannot open --json {}; choose a writable path", p.display())
             })?,
             None => NdjsonSink::stdout(),
@@ -446,8 +464,35 @@ impl Agent {
                 .and_then(|v| v.parse().ok()),
             insert_failed: false,
             issue_failed: false,
+            notifier: None,
             probe,
         })
+    }
+
+    /// Tells systemd (when it started the agent) that the agent is ready once `run_until`
+    /// begins, alive after every cycle, and stopping.
+    pub fn notifying(mut self, notifier: Notifier) -> Self {
+        self.notifier = notifier.enabled().then_some(notifier);
+        self
+    }
+
+    /// Ready: the programs are attached (start succeeded). What start said (agent_start
+    /// first) is written out before systemd hears it, for at most a second: whatever
+    /// systemd starts after this unit finds it in the output.
+    fn announce_ready(&mut self, interval: Duration) {
+        let Some(mut n) = self.notifier.take() else {
+            return;
+        };
+        if let Some(w) = n.watchdog_too_short(interval) {
+            self.sink.emit(&Event::warning("watchdog", w));
+        }
+        self.sink.drain(OUTPUT_DRAIN_TIMEOUT);
+        let status = match &self.control {
+            Some(c) => format!("controlling with policy {}", c.policy_name()),
+            None => "observing".to_string(),
+        };
+        n.ready(&status);
+        self.notifier = Some(n);
     }
 
     /// Takes what the runtime watchers reported since the last cycle (never waiting on
@@ -762,6 +807,9 @@ impl Agent {
     /// `agent_stop`, and gives the output a moment to take the last events: an output that
     /// does not (a stalled reader) cannot keep the agent from stopping.
     pub fn stop(&mut self, reason: &str, cycles: u64) {
+        if let Some(n) = self.notifier.as_mut() {
+            n.stopping();
+        }
         let restores = self
             .control
             .as_mut()
@@ -838,7 +886,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigquit = signal(SignalKind::quit()).context("installing SIGQUIT handler")?;
     let sighup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let agent = Agent::start(&opts)?;
+    let agent = Agent::start(&opts)?.notifying(Notifier::from_env());
     agent
         .run_until(
             opts.interval,
@@ -869,6 +917,7 @@ impl Agent {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await; // the first tick is immediate
+        self.announce_ready(interval);
         let mut cycles = 0u64;
         let reason = loop {
             tokio::select! {
@@ -898,6 +947,9 @@ impl Agent {
                         }
                     }
                     cycles += 1;
+                    if let Some(n) = self.notifier.as_mut() {
+                        n.alive();
+                    }
                 }
                 _ = next_signal(&mut reopen) => {
                     self.sink.reopen();

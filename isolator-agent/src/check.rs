@@ -51,16 +51,10 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
 
     let caps = privileges::effective_caps();
     let privileged = privileges::can_load_bpf(caps);
-    items.push(if privileged {
-        item("privileges", Ok, format!("CapEff {caps:#x}"), None)
-    } else {
-        item(
-            "privileges",
-            Fail,
-            format!("CapEff {caps:#x}"),
-            Some("run as root (or with CAP_BPF and CAP_PERFMON)"),
-        )
-    });
+    items.push(capabilities_item(
+        caps,
+        &privileges::missing_capabilities(caps, privileges::kernel_version(&release)),
+    ));
 
     items.push(match privileges::raise_memlock() {
         Result::Ok(()) => item("memlock", Ok, "RLIMIT_MEMLOCK raised", None),
@@ -227,6 +221,43 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
     items
 }
 
+/// Which of the agent's capabilities the process lacks (its effective set), each with what
+/// it is for: without CAP_BPF or CAP_PERFMON nothing loads (fail); without the others some
+/// hosts work and some do not (warn).
+fn capabilities_item(caps: u64, missing: &[&privileges::Capability]) -> Item {
+    if missing.is_empty() {
+        return item(
+            "privileges",
+            Status::Ok,
+            format!("CapEff {caps:#x}: every capability the agent uses"),
+            None,
+        );
+    }
+    let names: Vec<&str> = missing.iter().map(|c| c.name).collect();
+    let detail = format!(
+        "CapEff {caps:#x} lacks {}",
+        missing
+            .iter()
+            .map(|c| format!("{} (to {})", c.name, c.needed_for))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let status = if privileges::can_load_bpf(caps) {
+        Status::Warn
+    } else {
+        Status::Fail
+    };
+    Item {
+        name: "privileges",
+        status,
+        detail,
+        fix: Some(format!(
+            "run as root, or grant {}: systemd AmbientCapabilities= (deploy/isolator.service), docker run --cap-add, Kubernetes securityContext.capabilities.add (deploy/daemonset.yaml)",
+            names.join(" ")
+        )),
+    }
+}
+
 /// Kernel memory the statistics maps may take at most above which the host is warned.
 const KEYS_MEMORY_WARN_BYTES: u64 = 256 << 20;
 
@@ -279,6 +310,38 @@ pub fn render(items: &[Item]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_capabilities_are_named_with_the_fix() {
+        let missing = privileges::missing_capabilities(0, Some((6, 18)));
+        let i = capabilities_item(0, &missing);
+        assert_eq!(i.status, Status::Fail);
+        assert!(
+            i.detail.contains("CAP_BPF (to load")
+                && i.detail.contains("CAP_PERFMON")
+                && i.detail.contains("CAP_DAC_OVERRIDE"),
+            "{}",
+            i.detail
+        );
+        let fix = i.fix.unwrap();
+        assert!(
+            fix.starts_with("run as root, or grant CAP_BPF CAP_PERFMON CAP_DAC_OVERRIDE"),
+            "{fix}"
+        );
+        // Loading works without CAP_DAC_OVERRIDE: a warning.
+        let caps = (1 << 39) | (1 << 38);
+        let missing = privileges::missing_capabilities(caps, Some((6, 18)));
+        let i = capabilities_item(caps, &missing);
+        assert_eq!(i.status, Status::Warn);
+        assert!(
+            i.detail
+                .contains("CAP_DAC_OVERRIDE (to write the limits of cgroups owned by other users"),
+            "{}",
+            i.detail
+        );
+        let all = capabilities_item(u64::MAX, &[]);
+        assert_eq!(all.status, Status::Ok);
+    }
 
     #[test]
     fn capacity_is_stated_and_warns_only_past_the_budget() {

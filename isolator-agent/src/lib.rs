@@ -18,6 +18,7 @@ pub mod policy;
 pub mod privileges;
 pub mod prometheus;
 pub mod replay;
+pub mod systemd;
 pub mod top;
 
 /// The property tests' budget: a fixed number of cases, and no failure files written into

@@ -358,22 +358,56 @@ impl Agent {
 
     /// As [`Agent::start`], with environment variables for the agent.
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Agent::start_wrapped(&[], extra, env)
+    }
+
+    /// As [`Agent::start_with_env`], run through `wrapper` (e.g. `setpriv` and its
+    /// arguments), which execs the agent's command line that follows it.
+    pub fn start_wrapped(wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let agent = Agent::spawn(wrapper, extra, env);
+        agent.wait_for(|e| e["type"] == "agent_start", Duration::from_secs(30));
+        agent
+    }
+
+    /// As [`Agent::start_wrapped`], without waiting for `agent_start`.
+    pub fn spawn(wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let scratch = Scratch::new();
         let events = scratch.path("events.ndjson");
-        let mut cmd = Command::new(isolator_bin());
+        Agent::spawn_writing(scratch, events, wrapper, extra, env)
+    }
+
+    /// As [`Agent::spawn`], writing its events to `events` (kept with `scratch`).
+    pub fn spawn_writing(
+        scratch: Scratch,
+        events: PathBuf,
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(isolator_bin());
+                c
+            }
+            None => Command::new(isolator_bin()),
+        };
         cmd.args(["run", "--json", events.to_str().unwrap()])
             .args(extra)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let child = cmd.spawn().expect("spawn isolator run");
-        let agent = Agent {
+        Agent {
             child: Some(child),
             events,
             _scratch: scratch,
-        };
-        agent.wait_for(|e| e["type"] == "agent_start", Duration::from_secs(30));
-        agent
+        }
+    }
+
+    /// The directory the events file is in (the agent's scratch directory).
+    pub fn dir(&self) -> &Path {
+        &self._scratch.dir
     }
 
     /// An agent enforcing `config` at a 1 s cycle, with its journal in `journal`.

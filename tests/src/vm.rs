@@ -82,6 +82,18 @@ pub fn build_initramfs(kdir: &Path, scratch: &Scratch, init: &str) -> PathBuf {
 }
 
 pub fn boot(kdir: &Path, initrd: &Path, smp: &str) -> String {
+    boot_with(kdir, initrd, smp, &[], "")
+}
+
+/// As [`boot`], with more qemu arguments (`qemu_extra`: devices) and more on the kernel's
+/// command line (`append_extra`).
+pub fn boot_with(
+    kdir: &Path,
+    initrd: &Path,
+    smp: &str,
+    qemu_extra: &[&str],
+    append_extra: &str,
+) -> String {
     let vmlinuz = std::fs::read_dir(kdir.join("boot"))
         .unwrap()
         .flatten()
@@ -108,10 +120,11 @@ pub fn boot(kdir: &Path, initrd: &Path, smp: &str) -> String {
         .arg(&vmlinuz)
         .arg("-initrd")
         .arg(initrd)
-        .args([
-            "-append",
-            "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init",
-        ])
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init {append_extra}"
+        ))
+        .args(qemu_extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -132,7 +145,19 @@ pub fn boot(kdir: &Path, initrd: &Path, smp: &str) -> String {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("VM {} did not power off within 600 s", vmlinuz.display());
+            let out = reader.join().unwrap().replace('\r', "");
+            let tail: String = out
+                .chars()
+                .rev()
+                .take(6000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            panic!(
+                "VM {} did not power off within 600 s; its console ended with:\n{tail}",
+                vmlinuz.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }

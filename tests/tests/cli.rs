@@ -51,6 +51,24 @@ fn interval_out_of_range() {
 }
 
 #[test]
+fn json_rotation_flags_out_of_range() {
+    for bad in ["lots", "-1", "10", "1Q"] {
+        one_line_error(
+            &isolator(&["run", &format!("--json-max-size={bad}")]),
+            2,
+            &["--json-max-size", "100MiB"],
+        );
+    }
+    for bad in ["-1", "1001", "many"] {
+        one_line_error(
+            &isolator(&["run", &format!("--json-backups={bad}")]),
+            2,
+            &["--json-backups", "0..=1000"],
+        );
+    }
+}
+
+#[test]
 fn unwritable_json_path() {
     require_root();
     let e = one_line_error(

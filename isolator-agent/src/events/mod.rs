@@ -11,6 +11,7 @@
 
 pub mod output;
 pub mod private_file;
+pub mod rotation;
 mod sink;
 pub mod stream;
 

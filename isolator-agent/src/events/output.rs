@@ -16,15 +16,19 @@ use std::{
     time::Duration,
 };
 
-use crate::events::private_file;
+use crate::events::{
+    private_file,
+    rotation::{RotatingFile, RotationLimits, RotationNews},
+};
 
 /// Lines queued for a writer that does not keep up, at most: beyond, they are dropped.
 const MAX_QUEUED_BYTES: usize = 16 << 20;
 
 pub enum Target {
     Stdout,
-    /// Appended to, created 0600 (see [`private_file`]); reopened on [`Output::reopen`].
-    File(PathBuf),
+    /// Appended to, created 0600 (see [`private_file`]), rotated by size (see
+    /// [`crate::events::rotation`]); reopened on [`Output::reopen`].
+    File(PathBuf, RotationLimits),
     Writer(Box<dyn Write + Send>),
 }
 
@@ -32,7 +36,7 @@ impl Target {
     fn describe(&self) -> String {
         match self {
             Target::Stdout => "stdout".into(),
-            Target::File(p) => p.display().to_string(),
+            Target::File(p, _) => p.display().to_string(),
             Target::Writer(_) => "the event writer".into(),
         }
     }
@@ -47,6 +51,10 @@ pub enum Notice {
     Stalled { output: String },
     /// Writing works again after a failure or a stall; `dropped` lines were lost meanwhile.
     Recovered { output: String, dropped: u64 },
+    /// The file could not be rotated: it grows past its limit (no line is lost).
+    RotateFailed { output: String, error: String },
+    /// Rotating works again.
+    RotateRecovered { output: String },
 }
 
 enum Msg {
@@ -75,19 +83,15 @@ impl Output {
     /// Opens the target (a file must be safe to write as root) and starts its writer.
     pub fn start(target: Target) -> Result<Output, private_file::PrivateFileError> {
         let name = target.describe();
-        let path = match &target {
-            Target::File(p) => Some(p.clone()),
-            _ => None,
-        };
-        let writer: Box<dyn Write + Send> = match target {
+        let writer = match target {
             // fd 1 written directly: std's stdout lock must never be held by a writer
             // blocked on a stalled reader while the process exits.
             // SAFETY: fd 1 stays open for the life of the process; ManuallyDrop never closes it.
-            Target::Stdout => {
-                Box::new(StdoutFd(ManuallyDrop::new(unsafe { File::from_raw_fd(1) })))
-            }
-            Target::File(p) => Box::new(private_file::open(&p, true)?),
-            Target::Writer(w) => w,
+            Target::Stdout => Writer::Stream(Box::new(StdoutFd(ManuallyDrop::new(unsafe {
+                File::from_raw_fd(1)
+            })))),
+            Target::File(p, limits) => Writer::File(RotatingFile::open(&p, limits)?),
+            Target::Writer(w) => Writer::Stream(w),
         };
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -95,7 +99,7 @@ impl Output {
         let thread_name = name.clone();
         std::thread::Builder::new()
             .name("isolator-output".into())
-            .spawn(move || write_lines(rx, writer, path, thread_shared, thread_name))
+            .spawn(move || write_lines(rx, writer, thread_shared, thread_name))
             .map_err(|e| private_file::PrivateFileError::Io {
                 path: PathBuf::from(&name),
                 source: e,
@@ -193,6 +197,21 @@ fn write_counted(w: &mut dyn Write, buf: &[u8]) -> (usize, io::Result<()>) {
 
 struct StdoutFd(ManuallyDrop<File>);
 
+/// What the writer thread writes to: the file can be reopened and rotates.
+enum Writer {
+    Stream(Box<dyn Write + Send>),
+    File(RotatingFile),
+}
+
+impl Writer {
+    fn as_write(&mut self) -> &mut dyn Write {
+        match self {
+            Writer::Stream(w) => &mut **w,
+            Writer::File(f) => f,
+        }
+    }
+}
+
 impl Write for StdoutFd {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.0.write(buf)
@@ -204,13 +223,7 @@ impl Write for StdoutFd {
 
 /// The writer thread: batches what is queued into one write, notes failures and
 /// recoveries. A closed pipe (EPIPE) never comes back: it stops writing.
-fn write_lines(
-    rx: mpsc::Receiver<Msg>,
-    mut w: Box<dyn Write + Send>,
-    path: Option<PathBuf>,
-    shared: Arc<Shared>,
-    name: String,
-) {
+fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name: String) {
     let notice = |n: Notice| {
         shared
             .notices
@@ -252,11 +265,24 @@ fn write_lines(
             if torn {
                 batch.insert(0, b'\n');
             }
-            let (written, r) = write_counted(&mut *w, &batch);
+            let (written, r) = write_counted(w.as_write(), &batch);
             if written > 0 {
                 torn = batch[written - 1] != b'\n';
             }
-            match r.and_then(|()| w.flush()) {
+            if let Writer::File(f) = &mut w {
+                for news in f.take_news() {
+                    notice(match news {
+                        RotationNews::Failed(error) => Notice::RotateFailed {
+                            output: name.clone(),
+                            error,
+                        },
+                        RotationNews::Recovered => Notice::RotateRecovered {
+                            output: name.clone(),
+                        },
+                    });
+                }
+            }
+            match r.and_then(|()| w.as_write().flush()) {
                 Ok(()) if failing => {
                     failing = false;
                     notice(Notice::Recovered {
@@ -288,9 +314,10 @@ fn write_lines(
         }
         batch.clear();
         if reopen {
-            if let Some(p) = &path {
-                match private_file::open(p, true) {
-                    Ok(f) => w = Box::new(f),
+            if let Writer::File(f) = &mut w {
+                match f.reopen() {
+                    // A new file starts with a new line.
+                    Ok(()) => torn = false,
                     Err(e) => notice(Notice::Failed {
                         output: name.clone(),
                         error: format!("reopen: {e}"),
@@ -397,6 +424,47 @@ mod tests {
         let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines, ["{\"n\":1}", "{\"n\"", "{\"n\":3}"]);
+    }
+
+    #[test]
+    fn the_file_rotates_in_the_writer_and_a_failed_rotation_is_a_notice() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("isolator-out-rot-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let p = d.join("e.ndjson");
+        let limits = RotationLimits {
+            max_bytes: 4096,
+            backups: 2,
+        };
+        let mut o = Output::start(Target::File(p.clone(), limits)).unwrap();
+        let line = format!("{{\"x\":\"{}\"}}", "y".repeat(1000));
+        for _ in 0..20 {
+            o.send(line.clone());
+            assert!(o.drain(Duration::from_secs(5)));
+        }
+        assert!(o.notices().is_empty());
+        let mut names: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["e.ndjson", "e.ndjson.1", "e.ndjson.2"]);
+        // A directory under a backup's name: rotating fails, writing goes on.
+        std::fs::remove_file(d.join("e.ndjson.1")).unwrap();
+        std::fs::create_dir_all(d.join("e.ndjson.1/busy")).unwrap();
+        for _ in 0..5 {
+            o.send(line.clone());
+            assert!(o.drain(Duration::from_secs(5)));
+        }
+        let n = o.notices();
+        assert!(
+            matches!(&n[..], [Notice::RotateFailed { error, .. }] if error.contains("e.ndjson.1")),
+            "{n:?}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// A writer that blocks until released, as stdout with a reader that stopped reading.

@@ -9,6 +9,7 @@ use super::{Event, SCHEMA_VERSION};
 use crate::{
     events::output::{Notice, Output, Target},
     events::private_file::PrivateFileError,
+    events::rotation::RotationLimits,
     events::stream::StreamServer,
 };
 
@@ -48,10 +49,11 @@ impl NdjsonSink {
     }
 
     /// Appends to `path`, created 0600, never through a symbolic link (see
-    /// [`crate::events::private_file`]).
-    pub fn file(path: &Path) -> Result<Self, PrivateFileError> {
+    /// [`crate::events::private_file`]), rotated within `limits`.
+    pub fn file(path: &Path, limits: RotationLimits) -> Result<Self, PrivateFileError> {
         Ok(NdjsonSink::new(Output::start(Target::File(
             path.to_path_buf(),
+            limits,
         ))?))
     }
 
@@ -118,9 +120,11 @@ impl NdjsonSink {
     }
 
     /// Says what happened to the output since last time: on stderr, and as an event (to
-    /// the socket, and to the output itself, which takes it once it works again).
+    /// the socket, and to the output itself, which takes it once it works again). Lost or
+    /// unbounded events are errors (faults the agent survives); the rest are warnings.
     fn report_output(&mut self) {
         for n in self.out.notices() {
+            let error = matches!(n, Notice::Failed { .. } | Notice::RotateFailed { .. });
             let (code, message) = match n {
                 Notice::Failed { output, error } => (
                     "output_failed",
@@ -134,9 +138,22 @@ impl NdjsonSink {
                     "output_recovered",
                     format!("writing events to {output} works again; {dropped} event(s) were lost meanwhile"),
                 ),
+                Notice::RotateFailed { output, error } => (
+                    "rotate_failed",
+                    format!("cannot rotate {output} ({error}); events stay in it, past --json-max-size, until rotating works again (tried at each write); the agent keeps controlling"),
+                ),
+                Notice::RotateRecovered { output } => (
+                    "rotate_recovered",
+                    format!("rotating {output} works again"),
+                ),
             };
-            tracing::warn!(code, "{message}");
-            self.emit(&Event::warning(code, message));
+            if error {
+                tracing::error!(code, "{message}");
+                self.emit(&Event::error(code, message));
+            } else {
+                tracing::warn!(code, "{message}");
+                self.emit(&Event::warning(code, message));
+            }
         }
     }
 
