@@ -121,12 +121,47 @@ fn json_rotation_keeps_at_most_n_plus_one_private_files_of_valid_ndjson() {
     // logrotate's way too: move the file away and SIGHUP; the agent writes a new one.
     let moved = dir.join("moved-by-logrotate.ndjson");
     std::fs::rename(&agent.events, &moved).unwrap();
+    // The last cycle any file of the set holds (the current file may have just rotated).
+    let last_cycle = || {
+        rotation_set(&dir, "events.ndjson")
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .filter(|e| e["type"] == "cycle_end")
+                    .filter_map(|e| e["cycle"].as_u64())
+                    .collect::<Vec<_>>()
+            })
+            .max()
+            .unwrap_or(0)
+    };
     agent.signal(libc::SIGHUP);
-    agent.wait_for(
-        |e| e["type"] == "warning" && e["code"] == "reopened",
-        Duration::from_secs(10),
-    );
-    agent.wait_cycles(1);
+    // The warning lands in the reopened file, which the next cycle or two may already have
+    // rotated (4 KiB is about a cycle): looked for in the whole set.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !rotation_set(&dir, "events.ndjson").iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains(r#""type":"warning""#) && l.contains(r#""code":"reopened""#))
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "no 'reopened' warning after SIGHUP"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // One more cycle into the reopened file.
+    let reopened_at = last_cycle();
+    while last_cycle() <= reopened_at {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(20),
+            "no cycle after SIGHUP"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let written = written_bytes(agent.pid());
     let (status, stderr) = agent.stop();
     assert!(status.success(), "{stderr}");

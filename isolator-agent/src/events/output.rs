@@ -254,10 +254,16 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
             Msg::Reopen => reopen = true,
             Msg::Flush(a) => acks.push(a),
         };
+        // A batch ends at a reopen: what was sent after it (the agent's `reopened` warning
+        // first) belongs in the new file, not the one logrotate moved away.
+        let mut reopening = matches!(first, Msg::Reopen);
         take(first, &mut batch);
-        while batch.len() < (1 << 20) {
+        while batch.len() < (1 << 20) && !reopening {
             match rx.try_recv() {
-                Ok(m) => take(m, &mut batch),
+                Ok(m) => {
+                    reopening = matches!(m, Msg::Reopen);
+                    take(m, &mut batch)
+                }
                 Err(_) => break,
             }
         }
@@ -505,5 +511,34 @@ mod tests {
         assert!(o.drain(Duration::from_secs(30)));
         o.send(line);
         assert!(matches!(o.notices()[..], [Notice::Recovered { .. }]));
+    }
+
+    #[test]
+    fn what_follows_a_reopen_goes_to_the_new_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("isolator-reopen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.join("events.ndjson");
+        let file = RotatingFile::open(&path, RotationLimits::OFF).unwrap();
+        // All queued before the writer runs: one batch would take them all.
+        let (tx, rx) = mpsc::channel();
+        tx.send(Msg::Line("before".into())).unwrap();
+        let moved = dir.join("moved.ndjson");
+        tx.send(Msg::Reopen).unwrap();
+        tx.send(Msg::Line("after".into())).unwrap();
+        drop(tx);
+        // logrotate moved the file before the writer reopened it.
+        std::fs::rename(&path, &moved).unwrap();
+        write_lines(
+            rx,
+            Writer::File(file),
+            Arc::new(Shared::default()),
+            "test".into(),
+        );
+        assert_eq!(std::fs::read_to_string(&moved).unwrap(), "before\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
