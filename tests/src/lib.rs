@@ -780,6 +780,28 @@ pub struct Dockerd {
     child: Option<Child>,
     pub socket: PathBuf,
     scratch: Scratch,
+    /// The `docker` parent cgroups (one per v1 controller, and v2's) the daemon creates
+    /// that did not exist before it: removed when it stops.
+    new_parent_cgroups: Vec<PathBuf>,
+}
+
+/// Where dockerd puts its containers' cgroups, one per mounted hierarchy.
+fn docker_parent_cgroups() -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| d.flatten().map(|e| e.path().join("docker")).collect())
+        .unwrap_or_default()
+}
+
+/// rmdir of a cgroup and its (empty) children, deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 pub const LOADGEN_IMAGE: &str = "isolator-loadgen:test";
@@ -802,6 +824,10 @@ impl Dockerd {
             child: None,
             socket,
             scratch,
+            new_parent_cgroups: docker_parent_cgroups()
+                .into_iter()
+                .filter(|p| !p.exists())
+                .collect(),
         };
         d.launch();
         d.import_loadgen_image();
@@ -958,6 +984,9 @@ impl Drop for Dockerd {
         ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in ours {
             let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        for p in &self.new_parent_cgroups {
+            remove_cgroup_tree(p);
         }
     }
 }

@@ -9,7 +9,9 @@
 //!   with are scaled by (SLO/L)^2 (at most half, at least 5 %) and the whole cut is taken
 //!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
-//!   (PINE eq. 2-3 through Little's law).
+//!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
+//!   cycles in a row: capping the service the SLO protects is the one decision that can turn
+//!   a slow spell of the disk into an outage of that service.
 //! - With every p99.9 under 30 % of its target for two cycles (the change's transition and
 //!   one full cycle under it), one capped service is raised x1.5; with every p99.9 at or under
 //!   70 % of its target for four cycles, x1.1. Never past half-way to the lowest rate known
@@ -104,10 +106,18 @@ impl CapState {
     }
 }
 
+/// Consecutive violating cycles, with nobody else loading the device, before a latency
+/// service's own concurrency is cut. Seen on the test disk: a QD1 reader alone hit 250 ms
+/// p99.9 for two cycles of a slow spell (nothing a cap on it could help), and a cut after one
+/// cycle held it at 10 IOPS.
+pub const SELF_BLAME_CYCLES: u32 = 3;
+
 #[derive(Debug, Default)]
 pub struct Adaptive {
     caps: HashMap<(u32, ServiceId), CapState>,
     healthy: HashMap<u32, Streak>,
+    /// Per device: the victim violating alone, and for how many cycles in a row.
+    alone: HashMap<u32, (ServiceId, u32)>,
 }
 
 /// Whether a service's last change is old enough to count as settled: a violation before
@@ -339,6 +349,7 @@ impl Policy for Adaptive {
 
     fn forget_service(&mut self, id: ServiceId) {
         self.caps.retain(|&(_, s), _| s != id);
+        self.alone.retain(|_, &mut (s, _)| s != id);
     }
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = vec![];
@@ -348,18 +359,28 @@ impl Policy for Adaptive {
             .filter(|s| s.violating())
             .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
         let Some(victim) = victim else {
+            self.alone.remove(&d.dev);
             out.extend(self.relax(d));
             return out;
         };
         self.healthy.insert(d.dev, Streak::default());
         if let Some(a) = Self::aggressor(d, victim) {
+            self.alone.remove(&d.dev);
             // Going back to the last good cap is always safe: no need to wait for it.
             if a.can_change(d.cycle) || self.raise_pending(d, a) {
                 out.extend(self.throttle(d, victim, a));
             }
             return out;
         }
-        // Nobody else to blame: the victim's own queue depth is what hurts it.
+        // Nobody else to blame: the victim's own queue depth is what hurts it, if that lasts.
+        let streak = match self.alone.get(&d.dev) {
+            Some(&(id, n)) if id == victim.id => n + 1,
+            _ => 1,
+        };
+        self.alone.insert(d.dev, (victim.id, streak));
+        if streak < SELF_BLAME_CYCLES {
+            return out;
+        }
         if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) {
             if victim.mean_inflight > 1.5 && victim.can_change(d.cycle) {
                 let p = victim.mean_inflight;
