@@ -867,6 +867,24 @@ fn remove_cgroup_tree(dir: &Path) {
 
 pub const LOADGEN_IMAGE: &str = "isolator-loadgen:test";
 
+/// The load generator's arguments for a container that keeps its cgroup busy: 64 KiB
+/// O_DIRECT random reads of `/data/r.dat`, bounded to `seconds`.
+pub fn container_reader_args(seconds: &'static str) -> [&'static str; 11] {
+    [
+        "--path",
+        "/data/r.dat",
+        "--op",
+        "randread",
+        "--bs",
+        "65536",
+        "--bytes",
+        "100000000000",
+        "--direct",
+        "--seconds",
+        seconds,
+    ]
+}
+
 impl Dockerd {
     pub fn start() -> Dockerd {
         let have = |b: &str| {
@@ -960,25 +978,22 @@ impl Dockerd {
         self.launch();
     }
 
-    fn try_docker(&self, args: &[&str]) -> std::process::Output {
-        Command::new("docker")
-            .arg("-H")
+    /// The docker CLI, against this daemon.
+    fn docker_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("docker");
+        c.arg("-H")
             .arg(format!("unix://{}", self.socket.display()))
-            .args(args)
-            .output()
-            .expect("spawn docker")
+            .args(args);
+        c
+    }
+
+    fn try_docker(&self, args: &[&str]) -> std::process::Output {
+        self.docker_command(args).output().expect("spawn docker")
     }
 
     /// Runs the docker CLI against this daemon; panics with its output on failure.
     pub fn docker(&self, args: &[&str]) -> String {
-        let out = self.try_docker(args);
-        assert!(
-            out.status.success(),
-            "docker {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        run_ok(&mut self.docker_command(args)).trim().to_string()
     }
 
     /// The image: a tar holding only the static load generator, `docker import`ed (no

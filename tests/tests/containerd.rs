@@ -157,25 +157,21 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         }
     }
 
-    fn try_ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
-            .arg("--address")
+    fn ctr_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("--address")
             .arg(&self.socket)
             .args(["--namespace", NAMESPACE])
-            .args(args)
-            .output()
-            .expect("spawn ctr")
+            .args(args);
+        c
+    }
+
+    fn try_ctr(&self, args: &[&str]) -> Output {
+        self.ctr_command(args).output().expect("spawn ctr")
     }
 
     fn ctr(&self, args: &[&str]) -> String {
-        let out = self.try_ctr(args);
-        assert!(
-            out.status.success(),
-            "ctr {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        run_ok(&mut self.ctr_command(args)).trim().to_string()
     }
 
     /// The image: busybox-static (the sandbox's pause) and the static load generator, as a
@@ -307,20 +303,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             ("io.cri-containerd.kind", "container"),
             ("io.kubernetes.container.name", name),
         ]);
-        let reader = [
-            "/isolator-loadgen",
-            "--path",
-            "/data/r.dat",
-            "--op",
-            "randread",
-            "--bs",
-            "65536",
-            "--bytes",
-            "100000000000",
-            "--direct",
-            "--seconds",
-            "90",
-        ];
+        let mut reader = vec!["/isolator-loadgen"];
+        reader.extend(container_reader_args("90"));
         self.run(&l, cgroup, &reader)
     }
 }

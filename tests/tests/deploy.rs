@@ -979,24 +979,7 @@ fn the_image_runs_the_agent_with_the_daemonsets_mounts_and_capabilities() {
     // A container next to it doing I/O: observed and named.
     let data = format!("{}:/data", scratch.dir.display());
     make_file(&scratch.path("r.dat"), 64 << 20);
-    let id = d.run_loadgen(
-        "io-neighbor",
-        &data,
-        &[],
-        &[
-            "--path",
-            "/data/r.dat",
-            "--op",
-            "randread",
-            "--bs",
-            "65536",
-            "--bytes",
-            "100000000000",
-            "--direct",
-            "--seconds",
-            "60",
-        ],
-    );
+    let id = d.run_loadgen("io-neighbor", &data, &[], &container_reader_args("60"));
     let seen = wait("the neighbor's I/O", &|e| {
         e["type"] == "cgroup_stats"
             && e["cgroup"]["kind"] == "container"

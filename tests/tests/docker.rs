@@ -73,19 +73,7 @@ fn containers_are_named_followed_and_survive_a_daemon_restart() {
     agent.wait_for(|e| e["type"] == "docker_connected", Duration::from_secs(30));
     let data = format!("{}:/data", scratch.dir.display());
     // A reader that keeps the cgroup busy (bounded: 60 s).
-    let reader = [
-        "--path",
-        "/data/r.dat",
-        "--op",
-        "randread",
-        "--bs",
-        "65536",
-        "--bytes",
-        "100000000000",
-        "--direct",
-        "--seconds",
-        "60",
-    ];
+    let reader = container_reader_args("60");
     let run =
         |d: &Dockerd, name: &str, labels: &[&str]| d.run_loadgen(name, &data, labels, &reader);
 

@@ -269,26 +269,25 @@ fn container_of(topic: &str, payload: &[u8]) -> Option<(String, bool)> {
         "/containers/update" => id(payload, |e: ev::ContainerUpdate| e.id).map(|i| (i, false)),
         "/containers/delete" => id(payload, |e: ev::ContainerDelete| e.id).map(|i| (i, true)),
         "/tasks/start" => id(payload, |e: ev::TaskStart| e.container_id).map(|i| (i, false)),
-        // An exec's exit is not the task's; its id differs from the container's.
-        "/tasks/exit" => id(payload, |e: ev::TaskExit| {
-            if e.id.is_empty() || e.id == e.container_id {
-                e.container_id
-            } else {
-                String::new()
-            }
-        })
-        .map(|i| (i, false)),
-        "/tasks/delete" => id(payload, |e: ev::TaskDelete| {
-            if e.id.is_empty() || e.id == e.container_id {
-                e.container_id
-            } else {
-                String::new()
-            }
-        })
-        .map(|i| (i, false)),
+        "/tasks/exit" => {
+            id(payload, |e: ev::TaskExit| own_task(e.id, e.container_id)).map(|i| (i, false))
+        }
+        "/tasks/delete" => {
+            id(payload, |e: ev::TaskDelete| own_task(e.id, e.container_id)).map(|i| (i, false))
+        }
         "/tasks/paused" => id(payload, |e: ev::TaskPaused| e.container_id).map(|i| (i, false)),
         "/tasks/resumed" => id(payload, |e: ev::TaskResumed| e.container_id).map(|i| (i, false)),
         _ => None,
+    }
+}
+
+/// The container of a task event, if the task is the container's own: an exec's exit is not
+/// the task's (its id differs from the container's); empty (no container) then.
+fn own_task(id: String, container_id: String) -> String {
+    if id.is_empty() || id == container_id {
+        container_id
+    } else {
+        String::new()
     }
 }
 

@@ -1,7 +1,8 @@
 //! What the metrics endpoint exports, accumulated once per cycle from what the cycle
 //! already produced: the collector's deltas (with their fine latency histograms), the
 //! cgroups' names from `cgroup_stats`, and the events the cycle emitted (`service_stats`,
-//! `decision`, `violation_start`, `cycle_end`, Docker's status, warnings and errors).
+//! `decision`, `violation_start`, `cycle_end`, Docker's and containerd's status, warnings and
+//! errors).
 //! Counters and histograms are cumulative from the moment a series appears.
 //!
 //! Bounded: a (cgroup, disk) or (service, disk) idle for [`IDLE_CYCLES`] cycles leaves (a
@@ -184,7 +185,7 @@ pub struct ServiceInfo {
     idle_cycles: u32,
 }
 
-/// A discovery source (Docker; containerd fills its own).
+/// A discovery source (Docker, containerd).
 #[derive(Debug, Clone, Default)]
 pub struct Discovery {
     pub up: bool,
@@ -210,7 +211,7 @@ pub struct AgentFigures {
     pub events_dropped: u64,
     /// By (level, code).
     pub notices: BTreeMap<(&'static str, String), u64>,
-    /// By source (`docker`; `containerd` is the slot for its watcher).
+    /// By source (`docker`, `containerd`), for each the agent asks.
     pub discovery: BTreeMap<&'static str, Discovery>,
     /// Disk label -> busy fraction over the last cycle.
     pub disks: BTreeMap<String, f64>,
