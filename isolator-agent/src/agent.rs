@@ -29,7 +29,7 @@ use crate::{
     identify::cgroupfs::IoHierarchy,
     identify::containerd,
     identify::containers::{self, ContainerTable, ContainerUpdate},
-    identify::disks::{DiskBusy, DiskNames},
+    identify::disks::{DiskBusy, DiskCoverage, DiskNames},
     identify::docker,
     identify::naming::Runtime,
     identify::registry::Registry,
@@ -265,6 +265,7 @@ pub struct Agent {
     registry: Registry,
     disks: DiskNames,
     busy: DiskBusy,
+    coverage: DiskCoverage,
     control: Option<Controller>,
     docker: Option<RuntimeLink>,
     containerd: Option<RuntimeLink>,
@@ -458,6 +459,7 @@ impl Agent {
             containerd: RuntimeLink::start(Runtime::Containerd, &opts.containerd_socket),
             disks: DiskNames::default(),
             busy: DiskBusy::at_start(),
+            coverage: DiskCoverage::at_start(),
             control,
             panic_at_cycle: std::env::var("ISOLATOR_FAULT_PANIC_AT_CYCLE")
                 .ok()
@@ -559,6 +561,8 @@ impl Agent {
     /// are attached on demand; that is optional, so a failure is said once and the cycle
     /// goes on without it.
     fn collect(&mut self) -> Result<Snapshot> {
+        // The disks' own counts first: see DiskCoverage.
+        self.coverage.before_maps();
         let snap = self.collector.collect()?;
         if self.panic_at_cycle == Some(snap.cycle) {
             panic!(
@@ -666,17 +670,29 @@ impl Agent {
     }
 
     /// Each disk with a key in the maps, sampled once: for the controller and cycle_end.
-    fn sample_disks(&mut self, snap: &Snapshot) -> BTreeMap<u32, f64> {
+    fn sample_disks(&mut self, snap: &Snapshot) -> BTreeMap<u32, DiskSample> {
         let interval_s = snap.interval_ns as f64 / 1e9;
-        let devs: BTreeSet<u32> = snap.deltas.iter().map(|d| d.key.dev).collect();
-        devs.into_iter()
-            .map(|dev| (dev, self.busy.utilization(dev, snap.cycle, interval_s)))
+        let mut traced: BTreeMap<u32, u64> = BTreeMap::new();
+        for d in &snap.deltas {
+            *traced.entry(d.key.dev).or_default() += d.ios;
+        }
+        // Disks with completions this cycle, seen or not.
+        self.coverage
+            .after_maps(&traced)
+            .into_iter()
+            .map(|(dev, unseen_completions)| {
+                let sample = DiskSample {
+                    utilization: self.busy.utilization(dev, snap.cycle, interval_s),
+                    unseen_completions,
+                };
+                (dev, sample)
+            })
             .collect()
     }
 
     /// Decide, plan and enforce (with --config): the services' cycle (recorded as
     /// `policy_input`), the policy's decisions, and the limits written.
-    fn decide_and_enforce(&mut self, snap: &Snapshot, busy: &BTreeMap<u32, f64>) {
+    fn decide_and_enforce(&mut self, snap: &Snapshot, busy: &BTreeMap<u32, DiskSample>) {
         let Some(c) = self.control.as_mut() else {
             return;
         };
@@ -685,7 +701,7 @@ impl Agent {
             snap,
             &|id| registry.path(id),
             &registry.containers,
-            &|dev| busy.get(&dev).copied().unwrap_or(0.0),
+            &|dev| busy.get(&dev).map_or(0.0, |s| s.utilization),
         );
         if let Some(input) = c.policy_input(snap.cycle, &cycles) {
             self.sink.emit(&input);
@@ -700,17 +716,18 @@ impl Agent {
     fn end_cycle(
         &mut self,
         snap: &Snapshot,
-        busy: BTreeMap<u32, f64>,
+        busy: BTreeMap<u32, DiskSample>,
         cgroups: usize,
         started: Instant,
     ) {
         let interval_s = snap.interval_ns as f64 / 1e9;
         let disks = busy
             .into_iter()
-            .map(|(dev, utilization)| DiskCycle {
+            .map(|(dev, s)| DiskCycle {
                 dev: crate::identify::disks::dev_text(dev),
                 disk: self.disks.name(dev),
-                utilization,
+                utilization: s.utilization,
+                unseen_completions: s.unseen_completions,
             })
             .collect();
         let programs = self.probe.program_stats();
@@ -844,6 +861,13 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Says what attaching an optional program on demand did (`<what>_attached`, or
 /// `<what>_attach_failed` with its consequence); returns whether it failed, so it is said
 /// once and not retried every cycle.
+/// A disk as one cycle sampled it.
+struct DiskSample {
+    utilization: f64,
+    /// See DiskCoverage: None where the disk does not count its requests.
+    unseen_completions: Option<u64>,
+}
+
 fn report_attach(
     sink: &mut NdjsonSink,
     result: Result<bool, crate::collect::probe::ProbeError>,

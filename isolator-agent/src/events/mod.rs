@@ -421,6 +421,9 @@ pub struct DiskCycle {
     /// Fraction of the cycle the disk had requests in flight (io_ticks).
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
+    /// Requests the disk completed, by its own counts, that the programs never saw complete,
+    /// since the agent started (a lower bound; null where the disk does not count them).
+    pub unseen_completions: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -215,6 +215,8 @@ pub struct AgentFigures {
     pub discovery: BTreeMap<&'static str, Discovery>,
     /// Disk label -> busy fraction over the last cycle.
     pub disks: BTreeMap<String, f64>,
+    /// Disk label -> completions the disk counted and the programs never saw (cumulative).
+    pub disks_unseen: BTreeMap<String, u64>,
 }
 
 /// The level of a left-out pair.
@@ -660,6 +662,9 @@ impl Model {
         }
         for d in &c.disks {
             let label = d.disk.clone().unwrap_or_else(|| d.dev.clone());
+            if let Some(n) = d.unseen_completions {
+                a.disks_unseen.insert(label.clone(), n);
+            }
             a.disks.insert(label, d.utilization);
         }
     }
@@ -1086,6 +1091,7 @@ pub(crate) mod tests {
                 dev: "254:0".into(),
                 disk: Some("vda".into()),
                 utilization: 0.5,
+                unseen_completions: Some(7),
             }],
             ..Default::default()
         });
@@ -1110,5 +1116,6 @@ pub(crate) mod tests {
         assert_eq!(a.discovery["docker"].containers, Some(5));
         assert_eq!(a.notices[&("warning", "docker_down".to_string())], 2);
         assert_eq!(a.disks["vda"], 0.5);
+        assert_eq!(a.disks_unseen["vda"], 7);
     }
 }

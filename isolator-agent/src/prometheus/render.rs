@@ -289,6 +289,18 @@ fn agent_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
             Ok(())
         },
     )?;
+    family(
+        enc,
+        "isolator_disk_unseen_completions",
+        "Requests the disk completed, by its own statistics, that the programs never saw.",
+        Counter,
+        |f| {
+            for (device, n) in &a.disks_unseen {
+                counter(f, &[("device", device.as_str())], *n)?;
+            }
+            Ok(())
+        },
+    )?;
     let x = &m.exposition;
     family(
         enc,
