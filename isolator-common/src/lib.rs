@@ -197,6 +197,32 @@ impl CompletionStripe {
     }
 }
 
+/// Request-size buckets of a key's character counters (paper 002 bins workloads by request
+/// size): <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger.
+pub const SIZE_BUCKETS: usize = 5;
+/// Upper bounds of all but the last size bucket, in bytes.
+pub const SIZE_BUCKET_LIMITS_BYTES: [u64; SIZE_BUCKETS - 1] =
+    [4 << 10, 16 << 10, 64 << 10, 256 << 10];
+
+/// The size bucket of a request of `bytes`: the one layout the programs and the agent share.
+#[inline(always)]
+pub const fn size_bucket(bytes: u64) -> usize {
+    let mut i = 0;
+    while i < SIZE_BUCKETS - 1 {
+        if bytes <= SIZE_BUCKET_LIMITS_BYTES[i] {
+            return i;
+        }
+        i += 1;
+    }
+    SIZE_BUCKETS - 1
+}
+
+/// A request is sequential when it starts within this many bytes of where the previous
+/// request of its key (cgroup, disk, op) ended: small enough that random requests over any
+/// sizeable file rarely land there, large enough for a stream whose requests complete a few
+/// out of order at queue depth.
+pub const SEQUENTIAL_GAP_BYTES: u64 = 1 << 20;
+
 /// Stripes of [`KeyHistograms`]: a completion on CPU `c` counts in stripe `c % STRIPES`.
 /// A hot key completing on many CPUs at once would otherwise move one counter line from
 /// CPU to CPU on every request.
@@ -392,6 +418,25 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn size_buckets_split_at_their_limits() {
+        use super::size_bucket;
+        let cases = [
+            (512, 0),
+            (4096, 0),
+            (4097, 1),
+            (16384, 1),
+            (65536, 2),
+            (65537, 3),
+            (262144, 3),
+            (262145, 4),
+            (4 << 20, 4),
+        ];
+        for (bytes, bucket) in cases {
+            assert_eq!(size_bucket(bytes), bucket, "{bytes} bytes");
+        }
+    }
+
     use super::*;
 
     #[test]
