@@ -5,6 +5,7 @@
 //! -> plan and enforce ([`control`], [`enforcer`]) -> emit ([`events`], and the metrics
 //! endpoint, [`prometheus`]) -> readers ([`top`], [`replay`]). [`agent`] runs the stages in order.
 
+pub mod advise;
 pub mod agent;
 pub mod check;
 pub mod collect;
