@@ -68,6 +68,7 @@ pub(super) fn service_stats(
         share: d.share(s.id),
         utilization: d.utilization,
         limit: s.limit,
+        character: None,
     })
 }
 

@@ -293,6 +293,10 @@ pub struct ServiceStats {
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     pub limit: IoMaxLimit,
+    /// The service's I/O character on the disk over its window; absent until it has data
+    /// requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub character: Option<crate::measure::character::Character>,
 }
 
 /// What the policy was given this cycle, every disk of it (only with --config): with the
