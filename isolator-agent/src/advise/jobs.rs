@@ -96,7 +96,8 @@ pub struct PlacedJob {
     pub name: String,
     /// The recording's service the job is, if it is one.
     pub service: Option<String>,
-    pub class: CharacterClass,
+    /// None: a service too quiet to classify, planned on its measured pairs alone.
+    pub class: Option<CharacterClass>,
 }
 
 /// The jobs of one disk and the penalty of each two of them together.
@@ -120,8 +121,8 @@ pub struct Unplanned {
 
 /// Places the jobs on disks and fills their penalties: a pair of the recording's services
 /// with a measured estimate (either direction; the worse) takes the learned penalty, any
-/// other pair the guideline's for the two classes. A job whose class is unknown is not
-/// planned: the advice says so rather than guess.
+/// other pair the guideline's for the two classes. A job that would need a guideline and
+/// whose class is unknown is not planned: the advice says so rather than guess.
 pub fn place(
     specs: &[JobSpec],
     estimator: &Estimator,
@@ -177,18 +178,18 @@ pub fn place(
         let class = spec
             .class
             .or_else(|| estimator.class(&dev, service.as_deref()?));
-        let Some(class) = class else {
-            let reason = match (&service, is_service) {
-                (Some(_), _) => "its character is unknown (too few requests to classify); give its class, e.g. 'NAME rand-read'",
-                (None, true) => "it was never active on that disk; give its class, e.g. 'NAME rand-read'",
-                (None, false) => "it is neither a service of the recording nor a class; give its class, e.g. 'NAME rand-read'",
+        if class.is_none() && service.is_none() {
+            let reason = if is_service {
+                "it was never active on that disk; give its class, e.g. 'NAME rand-read'"
+            } else {
+                "it is neither a service of the recording nor a class; give its class, e.g. 'NAME rand-read'"
             };
             unplanned.push(Unplanned {
                 name: spec.name.clone(),
                 reason: reason.into(),
             });
             continue;
-        };
+        }
         let entry = by_dev.entry(dev).or_insert((disk, vec![]));
         let mut name = spec.name.clone();
         // Two lines of one class are two jobs: names stay distinct.
@@ -208,26 +209,39 @@ pub fn place(
     }
     let planned = by_dev
         .into_iter()
-        .map(|(dev, (disk, jobs))| {
+        .map(|(dev, (disk, mut jobs))| {
+            let measured = |x: &PlacedJob, y: &PlacedJob| match (&x.service, &y.service) {
+                (Some(a), Some(b)) => pairs
+                    .iter()
+                    .filter(|p| p.dev == dev && p.basis == Basis::Measured)
+                    .filter(|p| (&p.victim, &p.other) == (a, b) || (&p.victim, &p.other) == (b, a))
+                    .filter_map(|p| p.penalty)
+                    .max(),
+                _ => None,
+            };
+            // A job without a class can go only where every pair of it is measured.
+            let unknown: Vec<usize> = (0..jobs.len())
+                .filter(|&i| jobs[i].class.is_none())
+                .filter(|&i| {
+                    (0..jobs.len()).any(|j| j != i && measured(&jobs[i], &jobs[j]).is_none())
+                })
+                .collect();
+            for &i in unknown.iter().rev() {
+                let job = jobs.remove(i);
+                unplanned.push(Unplanned {
+                    name: job.name,
+                    reason: "its character is unknown (too few requests to classify) and not all its pairs with the other jobs are measured; give its class, e.g. 'NAME rand-read'".into(),
+                });
+            }
             let n = jobs.len();
             let mut penalty = vec![vec![0; n]; n];
             let mut basis = vec![vec![Basis::Guideline; n]; n];
             for i in 0..n {
                 for j in (i + 1)..n {
-                    let measured = match (&jobs[i].service, &jobs[j].service) {
-                        (Some(a), Some(b)) => pairs
-                            .iter()
-                            .filter(|p| p.dev == dev && p.basis == Basis::Measured)
-                            .filter(|p| {
-                                (&p.victim, &p.other) == (a, b) || (&p.victim, &p.other) == (b, a)
-                            })
-                            .filter_map(|p| p.penalty)
-                            .max(),
-                        _ => None,
-                    };
-                    let (p, b) = match measured {
-                        Some(p) => (p, Basis::Measured),
-                        None => (guideline(jobs[i].class, jobs[j].class), Basis::Guideline),
+                    let (p, b) = match (measured(&jobs[i], &jobs[j]), jobs[i].class, jobs[j].class) {
+                        (Some(p), _, _) => (p, Basis::Measured),
+                        (None, Some(a), Some(b)) => (guideline(a, b), Basis::Guideline),
+                        (None, _, _) => unreachable!("jobs without a class have only measured pairs"),
                     };
                     (penalty[i][j], penalty[j][i]) = (p, p);
                     (basis[i][j], basis[j][i]) = (b, b);
@@ -319,8 +333,30 @@ mod tests {
         assert_eq!((d.penalty[0][2], d.basis[0][2]), (1, Basis::Guideline));
         assert_eq!(d.penalty[2][2], 0);
         let why: Vec<&str> = unplanned.iter().map(|u| u.name.as_str()).collect();
-        assert_eq!(why, ["quiet", "ghost"]);
-        assert!(unplanned[0].reason.contains("character is unknown"));
-        assert!(unplanned[1].reason.contains("neither a service"));
+        assert_eq!(why, ["ghost", "quiet"]);
+        assert!(unplanned[0].reason.contains("neither a service"));
+        assert!(unplanned[1].reason.contains("character is unknown"));
+    }
+
+    #[test]
+    fn a_service_without_a_class_is_planned_on_measured_pairs_alone() {
+        let mut e = Estimator::default();
+        e.start_run();
+        for c in 1..=6 {
+            e.add(&stats(c, "db", 1, None));
+            e.add(&stats(c + 10, "backup", 50, None));
+            e.add(&stats(c + 20, "db", 30, None));
+            e.add(&stats(c + 20, "backup", 50, None));
+        }
+        let pairs = e.estimate(Some(one));
+        let (disks, unplanned) = place(&parse("db\nbackup\n").unwrap(), &e, &pairs, one).unwrap();
+        assert!(unplanned.is_empty(), "{unplanned:?}");
+        assert_eq!(disks[0].penalty, [[0, 2], [2, 0]]);
+        assert_eq!(disks[0].jobs[0].class, None);
+        // A class job next to them needs their classes: they are left out, saying why.
+        let (disks, unplanned) =
+            place(&parse("db\nbackup\nseq-read\n").unwrap(), &e, &pairs, one).unwrap();
+        assert_eq!(disks[0].jobs.len(), 1);
+        assert_eq!(unplanned.len(), 2);
     }
 }
