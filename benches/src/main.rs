@@ -171,10 +171,10 @@ fn measure(tracer: Option<Tracer>, first_id: u32, data: &Path, seconds: u64) -> 
 }
 
 impl Tracer {
-    fn isolator(dir: &Path) -> Result<Self> {
+    fn isolator(dir: &Path, binary: &Path) -> Result<Self> {
         let events = dir.join("events.ndjson");
         let _ = std::fs::remove_file(&events);
-        let child = Command::new(isolator())
+        let child = Command::new(binary)
             .args(["run", "--interval", "1s", "--json"])
             .arg(&events)
             .stdout(Stdio::null())
@@ -286,25 +286,35 @@ fn main() -> Result<()> {
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
-const MODES: [&str; 4] = [
+const MODES: [&str; 5] = [
     "no tracer",
     "floor: bpftrace count()",
     "bpftrace biolatency",
     "isolator",
+    "isolator (BENCH_BASELINE_ISOLATOR)",
 ];
+
+/// An older build of the agent to measure side by side with this one (the baseline mode
+/// runs only when it is set).
+fn baseline_isolator() -> Option<PathBuf> {
+    std::env::var_os("BENCH_BASELINE_ISOLATOR").map(PathBuf::from)
+}
 
 /// BENCH_MODES=1,3 runs only those modes (indexes into MODES), for quick comparisons.
 fn skip(mode: usize) -> bool {
-    std::env::var("BENCH_MODES").is_ok_and(|m| !m.split(',').any(|x| x.trim() == mode.to_string()))
+    (mode == 4 && baseline_isolator().is_none())
+        || std::env::var("BENCH_MODES")
+            .is_ok_and(|m| !m.split(',').any(|x| x.trim() == mode.to_string()))
 }
 
 fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()> {
     let mut results: Vec<Vec<Measured>> = (0..MODES.len()).map(|_| vec![]).collect();
-    println!(
-        "| round | {} |",
-        MODES.map(|m| format!("{m} IOPS (ns/request)")).join(" | ")
-    );
-    println!("|---|---|---|---|---|");
+    let shown: Vec<String> = (0..MODES.len())
+        .filter(|&i| !skip(i))
+        .map(|i| format!("{} IOPS (ns/request)", MODES[i]))
+        .collect();
+    println!("| round | {} |", shown.join(" | "));
+    println!("|---|{}", "---|".repeat(shown.len()));
     for r in 1..=rounds {
         let mut row = vec![];
         for (i, mode) in MODES.iter().enumerate() {
@@ -323,7 +333,8 @@ fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()>
                 0 => None,
                 1 => Some(Tracer::bpftrace(dir, FLOOR_BT)?),
                 2 => Some(Tracer::bpftrace(dir, BIOLATENCY_BT)?),
-                _ => Some(Tracer::isolator(dir)?),
+                3 => Some(Tracer::isolator(dir, &isolator())?),
+                _ => Some(Tracer::isolator(dir, &baseline_isolator().unwrap())?),
             };
             let m = measure(tracer, first_id, data, seconds)
                 .with_context(|| format!("round {r}, {mode}"))?;
@@ -351,6 +362,9 @@ fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()>
                 .collect::<Vec<_>>(),
         );
         let cpu = mean(&results[i].iter().map(|m| m.cpu).collect::<Vec<_>>());
+        if skip(i) {
+            continue;
+        }
         if i == 0 {
             println!("| {mode} | {iops:.0} | 100.0 % | - | - | - |");
         } else {

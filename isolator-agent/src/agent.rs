@@ -33,7 +33,10 @@ use crate::{
     identify::docker,
     identify::naming::Runtime,
     identify::registry::Registry,
-    measure::metrics::Metrics,
+    measure::{
+        character::{Character, CharacterCounts, CharacterWindows},
+        metrics::Metrics,
+    },
     policy, privileges,
     prometheus::{
         self,
@@ -266,6 +269,8 @@ pub struct Agent {
     disks: DiskNames,
     busy: DiskBusy,
     coverage: DiskCoverage,
+    /// Character windows of every (cgroup, disk).
+    characters: CharacterWindows<u64>,
     control: Option<Controller>,
     docker: Option<RuntimeLink>,
     containerd: Option<RuntimeLink>,
@@ -460,6 +465,7 @@ impl Agent {
             disks: DiskNames::default(),
             busy: DiskBusy::at_start(),
             coverage: DiskCoverage::at_start(),
+            characters: CharacterWindows::default(),
             control,
             panic_at_cycle: std::env::var("ISOLATOR_FAULT_PANIC_AT_CYCLE")
                 .ok()
@@ -659,6 +665,7 @@ impl Agent {
                 let cgroup = self.registry.cgroup(id);
                 self.collector.forget_cgroup(id);
                 self.metrics.forget_cgroup(id);
+                self.characters.forget(&id);
                 self.registry.forget(id);
                 self.sink.emit(&Event::CgroupGone(CgroupGone {
                     cycle: snap.cycle,
@@ -763,6 +770,21 @@ impl Agent {
 
     fn records(&mut self, snap: &Snapshot) -> Vec<Event> {
         let interval_s = snap.interval_ns as f64 / 1e9;
+        // Every (cgroup, disk) with a key adds a cycle to its character window, idle or
+        // not, so the window spans time.
+        let mut counts: BTreeMap<(u64, u32), CharacterCounts> = BTreeMap::new();
+        for d in &snap.deltas {
+            counts
+                .entry((d.key.cgroup_id, d.key.dev))
+                .or_default()
+                .add(&CharacterCounts::of_delta(d));
+        }
+        let mut characters: BTreeMap<(u64, u32), (Option<Character>, Option<Character>)> =
+            BTreeMap::new();
+        for ((id, dev), c) in counts {
+            let (window, _) = self.characters.push(&id, dev, c);
+            characters.insert((id, dev), (window, c.character(1)));
+        }
         // cgroup -> dev -> DeviceStats
         let mut by_cgroup: BTreeMap<u64, BTreeMap<u32, DeviceStats>> = BTreeMap::new();
         for d in &snap.deltas {
@@ -776,12 +798,20 @@ impl Agent {
                 .entry(d.key.cgroup_id)
                 .or_default()
                 .entry(d.key.dev)
-                .or_insert_with(|| DeviceStats {
-                    dev: crate::identify::disks::dev_text(d.key.dev),
-                    disk: self.disks.name(d.key.dev),
-                    read: None,
-                    write: None,
-                    other: None,
+                .or_insert_with(|| {
+                    let (character, character_cycle) = characters
+                        .get(&(d.key.cgroup_id, d.key.dev))
+                        .cloned()
+                        .unwrap_or_default();
+                    DeviceStats {
+                        dev: crate::identify::disks::dev_text(d.key.dev),
+                        disk: self.disks.name(d.key.dev),
+                        read: None,
+                        write: None,
+                        other: None,
+                        character,
+                        character_cycle,
+                    }
                 });
             match d.key.op {
                 OP_READ => dev.read = Some(stats),

@@ -643,6 +643,7 @@ mod tests {
             latency_hist: vec![],
             cgroup_ids: vec![id as u64 + 100],
             changed_cycle: None,
+            character: Default::default(),
         }
     }
 

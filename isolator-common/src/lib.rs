@@ -175,7 +175,11 @@ pub struct CompletionStripe {
     pub bytes: u64,
     /// Sums of the samples in each histogram, for means.
     pub sum_ns: Latencies<u64>,
-    pub _pad: [u64; 3],
+    /// Completed requests that started within [`SEQUENTIAL_GAP_BYTES`] of where the key's
+    /// previous completed request ended (data requests only).
+    pub sequential_ios: u32,
+    /// Completed data requests per [`size_bucket`] of their size.
+    pub size_ios: [u32; SIZE_BUCKETS],
 }
 
 impl CompletionStripe {
@@ -183,7 +187,8 @@ impl CompletionStripe {
         ios: 0,
         bytes: 0,
         sum_ns: Latencies::<u64>::ZERO,
-        _pad: [0; 3],
+        sequential_ios: 0,
+        size_ios: [0; SIZE_BUCKETS],
     };
 
     /// Field by field, wrapping (the counters are cumulative).
@@ -192,7 +197,14 @@ impl CompletionStripe {
             ios: self.ios.wrapping_add(o.ios),
             bytes: self.bytes.wrapping_add(o.bytes),
             sum_ns: self.sum_ns.wrapping_add(o.sum_ns),
-            _pad: [0; 3],
+            sequential_ios: self.sequential_ios.wrapping_add(o.sequential_ios),
+            size_ios: [
+                self.size_ios[0].wrapping_add(o.size_ios[0]),
+                self.size_ios[1].wrapping_add(o.size_ios[1]),
+                self.size_ios[2].wrapping_add(o.size_ios[2]),
+                self.size_ios[3].wrapping_add(o.size_ios[3]),
+                self.size_ios[4].wrapping_add(o.size_ios[4]),
+            ],
         }
     }
 }
@@ -237,6 +249,10 @@ pub const STRIPES: usize = 4;
 #[derive(Clone, Copy)]
 pub struct KeyHistograms {
     pub stripes: [CompletionStripe; STRIPES],
+    /// Byte offset on the disk where the key's last completed data request ended (0: none
+    /// yet): the next one is sequential if it starts near it. Shared by every CPU and
+    /// stored without atomics: a racing store only misjudges one request.
+    pub next_offset_bytes: u64,
     /// Three histograms in [`latency_bucket`] layout, interleaved by bucket: `buckets[i]`
     /// holds bucket `i` of each latency. A request's device and total latency are close,
     /// so their buckets usually share a cache line: one line written instead of two.
@@ -246,6 +262,7 @@ pub struct KeyHistograms {
 impl KeyHistograms {
     pub const ZERO: KeyHistograms = KeyHistograms {
         stripes: [CompletionStripe::ZERO; STRIPES],
+        next_offset_bytes: 0,
         buckets: [Latencies {
             device: 0,
             queue: 0,
@@ -268,10 +285,11 @@ const _: () = {
     assert!(size_of::<Latencies<u32>>() == 12 && align_of::<Latencies<u32>>() == 4);
     assert!(size_of::<Latencies<u64>>() == 24);
     assert!(size_of::<CompletionStripe>() == 64);
-    assert!(size_of::<KeyHistograms>() == STRIPES * 64 + HIST_BUCKETS * 12);
+    // The offset's 8 bytes round the value up to the stripes' 64-byte alignment.
+    assert!(size_of::<KeyHistograms>() == STRIPES * 64 + 64 + HIST_BUCKETS * 12);
     assert!(size_of::<KeyCounters>() == 40);
     assert!(size_of::<IoKey>() == 16);
-    assert!(size_of::<KernelOffsets>() == 17 * 4);
+    assert!(size_of::<KernelOffsets>() == 18 * 4);
 };
 
 /// Byte offsets of the kernel struct members the programs read, resolved from the running
@@ -284,6 +302,8 @@ pub struct KernelOffsets {
     pub rq_bio: u32,
     pub rq_cmd_flags: u32,
     pub rq_data_len: u32,
+    /// `request.__sector`: where the request starts, in 512-byte sectors.
+    pub rq_sector: u32,
     pub rq_start_time_ns: u32,
     pub rq_io_start_time_ns: u32,
     /// `request_queue.disk` (5.15 on) or, with [`OFFSETS_DISK_IN_REQUEST`],
@@ -450,9 +470,12 @@ mod tests {
                 queue: 2,
                 total: u64::MAX,
             },
-            _pad: [7; 3],
+            sequential_ios: u32::MAX,
+            size_ios: [1, 2, 3, 4, u32::MAX],
         };
         h.stripes[3].ios = 2;
+        h.stripes[3].sequential_ios = 3;
+        h.stripes[3].size_ios = [1, 0, 0, 0, 2];
         h.stripes[3].bytes = 5;
         h.stripes[3].sum_ns = Latencies {
             device: 10,
@@ -461,6 +484,7 @@ mod tests {
         };
         let t = h.totals();
         assert_eq!((t.ios, t.bytes), (1, 15));
+        assert_eq!((t.sequential_ios, t.size_ios), (2, [2, 2, 3, 4, 1]));
         assert_eq!(
             t.sum_ns,
             Latencies {

@@ -34,9 +34,9 @@ use isolator_common::{
     Latencies, Latency, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, FALLBACK_DEVS_ENTRIES,
     HISTS_MAP_FLAGS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ,
     OP_WRITE, REQUEST_MAP_ENTRIES, REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ,
-    REQ_OP_WRITE, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    REQ_OP_WRITE, SEQUENTIAL_GAP_BYTES, SIZE_BUCKETS, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
     STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
-    STATE_UNSAMPLED, STRIPES, UNATTRIBUTED_CGROUP,
+    STATE_UNSAMPLED, STRIPES, UNATTRIBUTED_CGROUP, size_bucket,
 };
 
 #[no_mangle]
@@ -45,6 +45,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     rq_bio: 0,
     rq_cmd_flags: 0,
     rq_data_len: 0,
+    rq_sector: 0,
     rq_start_time_ns: 0,
     rq_io_start_time_ns: 0,
     q_disk: 0,
@@ -438,6 +439,39 @@ unsafe fn stripe(h: *mut KeyHistograms) -> *mut CompletionStripe {
     unsafe { addr_of_mut!((*h).stripes[i]) }
 }
 
+/// A data request's character (paper 002's bins): sequential or not, and its size bucket.
+///
+/// # Safety
+/// `h` must point at a HISTS value, `s` at one of its stripes, `rq` be the tracepoint's
+/// `struct request *`.
+#[inline(always)]
+unsafe fn count_character(h: *mut KeyHistograms, s: *mut CompletionStripe, rq: u64, size: u64) {
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
+    let sector: u64 = unsafe { read_at(rq, off!(rq_sector)) }.unwrap_or(0);
+    let start = sector << 9;
+    // SAFETY: `h` points at a map value (caller); a plain aligned load and store: a race
+    // with another CPU's completion only misjudges one request.
+    let sequential = unsafe {
+        let next = addr_of_mut!((*h).next_offset_bytes);
+        let prev_end = core::ptr::read_volatile(next);
+        core::ptr::write_volatile(next, start + size);
+        prev_end != 0
+            && start + SEQUENTIAL_GAP_BYTES >= prev_end
+            && start <= prev_end + SEQUENTIAL_GAP_BYTES
+    };
+    // SAFETY: `s` points into a map value (caller); atomic adds through raw pointers.
+    unsafe {
+        if sequential {
+            atomic_xadd::<u32, u32, { Relaxed }>(addr_of_mut!((*s).sequential_ios), 1);
+        }
+        let b = size_bucket(size);
+        // Always true by construction; the verifier needs to see the bound.
+        if b < SIZE_BUCKETS {
+            atomic_xadd::<u32, u32, { Relaxed }>(addr_of_mut!((*s).size_ios[b]), 1);
+        }
+    }
+}
+
 /// Counts a completion in KEYS: for keys whose HISTS entry could not be allocated.
 #[inline(always)]
 fn count_without_histograms(key: &IoKey, nr_bytes: u64, last: bool) {
@@ -536,6 +570,10 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
             }
             add_u64(addr_of_mut!((*s).bytes), nr_bytes);
             add_u64(addr_of_mut!((*s).ios), 1);
+            if req.key.op != OP_OTHER {
+                // At the final completion what is left of the request is its size.
+                count_character(h, s, rq, remaining as u64);
+            }
         },
         None => {
             // The latency samples are lost; the bytes and the completion are not.

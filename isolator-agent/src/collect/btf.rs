@@ -375,6 +375,7 @@ impl KernelBtf {
             rq_bio: m("request", "bio", 8)?,
             rq_cmd_flags: m("request", "cmd_flags", 4)?,
             rq_data_len: m("request", "__data_len", 4)?,
+            rq_sector: m("request", "__sector", 8)?,
             rq_start_time_ns: m("request", "start_time_ns", 8)?,
             rq_io_start_time_ns: m("request", "io_start_time_ns", 8)?,
             disk_major: m("gendisk", "major", 4)?,

@@ -13,8 +13,8 @@ use aya::{
 };
 use isolator_common::{
     IoKey, KeyCounters, KeyHistograms, Latencies, MAP_AGENT_STATE, MAP_HISTS, MAP_KEYS, OP_READ,
-    OP_WRITE, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY, STATE_FIRST_ISSUE_NS,
-    STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
+    OP_WRITE, SIZE_BUCKETS, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_UNSAMPLED,
 };
 
 use crate::identify::disks::DiskStat;
@@ -48,6 +48,11 @@ pub struct KeyDelta {
     pub untraced_completions: u64,
     /// A request of the key was issued this cycle.
     pub issued: bool,
+    /// Of `ios`, the data requests that started near where the key's previous one ended
+    /// (counted only where the key has histograms; see KeyHistograms).
+    pub sequential_ios: u64,
+    /// Of `ios`, the data requests per `isolator_common::size_bucket`.
+    pub size_ios: [u64; SIZE_BUCKETS],
 }
 
 impl KeyDelta {
@@ -240,6 +245,9 @@ struct Baseline {
     hist_ios: u64,
     sums: Latencies<u64>,
     hists: Latencies<Vec<(u16, u32)>>,
+    /// HISTS' character counters (u32, wrapping).
+    sequential_ios: u32,
+    size_ios: [u32; SIZE_BUCKETS],
     /// Monotonic time of the last cycle with an issue or a completion.
     last_active_ns: u64,
 }
@@ -519,6 +527,14 @@ impl<K: KernelStats> Collector<K> {
                 issued: c.peak_epoch == epoch,
                 ..Default::default()
             };
+            if let Some(t) = ht {
+                d.sequential_ios = t.sequential_ios.wrapping_sub(base.sequential_ios) as u64;
+                base.sequential_ios = t.sequential_ios;
+                for (i, n) in t.size_ios.iter().enumerate() {
+                    d.size_ios[i] = n.wrapping_sub(base.size_ios[i]) as u64;
+                    base.size_ios[i] = *n;
+                }
+            }
             if let (Some(h), Some(t)) = (h, ht) {
                 if t.ios != base.hist_ios {
                     diff_histograms(&mut d, h, base);

@@ -18,6 +18,7 @@ use crate::{
     events::Event,
     identify::cgroupfs::IoHierarchy,
     identify::containers::ContainerTable,
+    measure::character::CharacterWindows,
     policy::{DeviceCycle, IoMaxLimit, Policy, ServiceId},
 };
 
@@ -42,6 +43,8 @@ pub struct Controller {
     states: ServiceStates,
     /// Services the policy forgot since the last policy input was recorded.
     forgotten: Vec<ServiceId>,
+    /// Character windows of every (service, disk).
+    characters: CharacterWindows<ServiceId>,
 }
 
 impl Controller {
@@ -52,6 +55,7 @@ impl Controller {
             enforcement: Enforcement::new(enforcer),
             states: HashMap::new(),
             forgotten: Vec::new(),
+            characters: CharacterWindows::default(),
         }
     }
 
@@ -160,7 +164,24 @@ impl Controller {
         for d in cycles {
             let dev = crate::identify::disks::dev_text(d.dev);
             for s in &d.services {
-                events.push(report::service_stats(d, s, &dev, disk_name(d.dev)));
+                let (character, change) = self.characters.push(&s.id, d.dev, s.character);
+                if let (Some(change), Some(c)) = (change, &character) {
+                    events.push(report::character_change(
+                        d,
+                        s,
+                        &dev,
+                        disk_name(d.dev),
+                        change,
+                        c.clone(),
+                    ));
+                }
+                events.push(report::service_stats(
+                    d,
+                    s,
+                    &dev,
+                    disk_name(d.dev),
+                    character,
+                ));
                 let st = self.states.entry((s.id, d.dev)).or_default();
                 let now = s.violating();
                 if now != st.violating {

@@ -55,6 +55,7 @@ pub(super) fn device_cycles(
             changed_cycle: st.changed_cycle,
             latency_hist: sparse,
             cgroup_ids: a.cgroups.into_iter().collect(),
+            character: a.character,
         });
     }
     by_dev

@@ -6,7 +6,10 @@ use crate::{
     config::ServiceSpec,
     enforcer::EnforceError,
     events::{Event, LabelSloInfo, ViolationInfo},
-    measure::metrics::{log2_histogram, percentile},
+    measure::{
+        character::{Character, CharacterClass},
+        metrics::{log2_histogram, percentile},
+    },
     policy::{Decision, DeviceCycle, ServiceLoad},
 };
 
@@ -37,6 +40,7 @@ pub(super) fn service_stats(
     s: &ServiceLoad,
     dev: &str,
     disk: Option<String>,
+    character: Option<Character>,
 ) -> Event {
     let state = if s.violating() {
         "violating"
@@ -48,6 +52,7 @@ pub(super) fn service_stats(
     Event::ServiceStats(crate::events::ServiceStats {
         cycle: d.cycle,
         service: s.name.clone(),
+        character,
         slo: s.class,
         dev: dev.to_string(),
         disk,
@@ -68,7 +73,26 @@ pub(super) fn service_stats(
         share: d.share(s.id),
         utilization: d.utilization,
         limit: s.limit,
-        character: None,
+    })
+}
+
+/// A service's character class on a device turned into another over its window.
+pub(super) fn character_change(
+    d: &DeviceCycle,
+    s: &ServiceLoad,
+    dev: &str,
+    disk: Option<String>,
+    (from, to): (CharacterClass, CharacterClass),
+    character: Character,
+) -> Event {
+    Event::CharacterChange(crate::events::CharacterChange {
+        cycle: d.cycle,
+        service: s.name.clone(),
+        dev: dev.to_string(),
+        disk,
+        from: Some(from),
+        to: Some(to),
+        character,
     })
 }
 

@@ -26,6 +26,7 @@ use crate::{
     identify::cgroupfs::CgroupMode,
     identify::containers::ContainerTable,
     identify::naming::{self, QosClass, Runtime, ServiceKind},
+    measure::character::{Character, CharacterClass},
     measure::metrics::OpStats,
     policy::{Cause, DeviceCycle, IoMaxLimit, ServiceId},
 };
@@ -127,6 +128,11 @@ pub struct DeviceStats {
     pub write: Option<OpStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub other: Option<OpStats>,
+    /// The cgroup's I/O character on the disk over its window, and this cycle's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub character: Option<Character>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub character_cycle: Option<Character>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -264,6 +270,9 @@ pub struct CycleEnd {
 pub struct ServiceStats {
     pub cycle: u64,
     pub service: String,
+    /// The service's I/O character on the disk over its window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub character: Option<Character>,
     pub slo: SloClass,
     pub dev: String,
     pub disk: Option<String>,
@@ -293,10 +302,6 @@ pub struct ServiceStats {
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     pub limit: IoMaxLimit,
-    /// The service's I/O character on the disk over its window; absent until it has data
-    /// requests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub character: Option<crate::measure::character::Character>,
 }
 
 /// What the policy was given this cycle, every disk of it (only with --config): with the
@@ -430,6 +435,19 @@ pub struct DiskCycle {
     pub unseen_completions: Option<u64>,
 }
 
+/// A service's character class on a disk turned into another over its window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CharacterChange {
+    pub cycle: u64,
+    pub service: String,
+    pub dev: String,
+    pub disk: Option<String>,
+    pub from: Option<CharacterClass>,
+    pub to: Option<CharacterClass>,
+    pub character: Character,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
@@ -449,6 +467,7 @@ pub enum Event {
     DockerConnected(DockerConnected),
     ContainerdConnected(ContainerdConnected),
     LabelSlo(LabelSloInfo),
+    CharacterChange(CharacterChange),
     /// A type this reader does not know: a newer agent's addition within the schema.
     /// Never written.
     #[serde(other)]
@@ -673,6 +692,7 @@ mod tests {
                     latency_hist: vec![(600, 999), (700, 1)],
                     cgroup_ids: vec![42],
                     changed_cycle: Some(5),
+                    character: Default::default(),
                 }],
             }],
         });

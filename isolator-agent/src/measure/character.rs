@@ -2,8 +2,12 @@
 //! (read/write mix, sequential or random, request size), measured from the programs'
 //! per-key counters instead of an offline block trace.
 
-use isolator_common::SIZE_BUCKETS;
+use std::collections::{HashMap, VecDeque};
+
+use isolator_common::{OP_READ, OP_WRITE, SIZE_BUCKETS};
 use serde::{Deserialize, Serialize};
+
+use crate::collect::collector::KeyDelta;
 
 /// Fewer data requests than this in a window give no class: too little to tell.
 pub const MIN_CLASSIFIED_IOS: u64 = 32;
@@ -12,6 +16,11 @@ pub const MIN_CLASSIFIED_IOS: u64 = 32;
 pub const DOMINANT_SHARE: f64 = 0.8;
 /// At least this share of sequential requests makes a workload sequential.
 pub const SEQUENTIAL_SHARE: f64 = 0.5;
+
+/// Cycles a character's window spans: long enough to judge a workload (paper 002 samples
+/// five minutes; 30 cycles are 30 s at the default interval), short enough to follow one
+/// that changes.
+pub const CHARACTER_WINDOW_CYCLES: usize = 30;
 
 /// Paper 002's workload character bins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -72,6 +81,31 @@ pub struct CharacterCounts {
 }
 
 impl CharacterCounts {
+    /// One key's cycle: its data requests (flushes and discards are not counted).
+    pub fn of_delta(d: &KeyDelta) -> CharacterCounts {
+        let mut c = CharacterCounts {
+            sequential_ios: d.sequential_ios,
+            size_ios: d.size_ios,
+            ..Default::default()
+        };
+        match d.key.op {
+            OP_READ => {
+                c.read_ios = d.ios;
+                c.read_bytes = d.bytes;
+            }
+            OP_WRITE => {
+                c.write_ios = d.ios;
+                c.write_bytes = d.bytes;
+            }
+            _ => return CharacterCounts::default(),
+        }
+        c
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == CharacterCounts::default()
+    }
+
     pub fn add(&mut self, o: &CharacterCounts) {
         self.read_ios += o.read_ios;
         self.write_ios += o.write_ios;
@@ -112,14 +146,15 @@ impl CharacterCounts {
         })
     }
 
-    /// The event form; None without a data request.
-    pub fn character(&self) -> Option<Character> {
+    /// The event form of `cycles` cycles' counts; None without a data request.
+    pub fn character(&self, cycles: usize) -> Option<Character> {
         let ios = self.ios();
         if ios == 0 {
             return None;
         }
         let bytes = self.read_bytes + self.write_bytes;
         Some(Character {
+            cycles,
             ios,
             read_ios_fraction: self.read_ios as f64 / ios as f64,
             read_bytes_fraction: if bytes == 0 {
@@ -138,6 +173,8 @@ impl CharacterCounts {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Character {
+    /// Cycles it covers.
+    pub cycles: usize,
     /// Data requests behind it.
     pub ios: u64,
     #[serde(deserialize_with = "crate::events::f64_or_null")]
@@ -150,6 +187,70 @@ pub struct Character {
     pub size_ios: [u64; SIZE_BUCKETS],
     /// None below [`MIN_CLASSIFIED_IOS`] requests.
     pub class: Option<CharacterClass>,
+}
+
+/// The last [`CHARACTER_WINDOW_CYCLES`] cycles of one (cgroup or service, disk).
+#[derive(Debug, Default)]
+pub struct CharacterWindow {
+    cycles: VecDeque<CharacterCounts>,
+    class: Option<CharacterClass>,
+}
+
+impl CharacterWindow {
+    /// Adds a cycle; the window's character, and `(from, to)` when its class changed from
+    /// one class to another (not from or to "too little data").
+    pub fn push(
+        &mut self,
+        c: CharacterCounts,
+    ) -> (Option<Character>, Option<(CharacterClass, CharacterClass)>) {
+        if self.cycles.len() == CHARACTER_WINDOW_CYCLES {
+            self.cycles.pop_front();
+        }
+        self.cycles.push_back(c);
+        let mut sum = CharacterCounts::default();
+        for c in &self.cycles {
+            sum.add(c);
+        }
+        let character = sum.character(self.cycles.len());
+        let class = sum.class();
+        let change = match (self.class, class) {
+            (Some(from), Some(to)) if from != to => Some((from, to)),
+            _ => None,
+        };
+        if class.is_some() {
+            self.class = class;
+        }
+        (character, change)
+    }
+}
+
+/// The windows of every (id, disk): cgroups by id, services by name.
+#[derive(Debug)]
+pub struct CharacterWindows<Id> {
+    windows: HashMap<(Id, u32), CharacterWindow>,
+}
+
+impl<Id> Default for CharacterWindows<Id> {
+    fn default() -> Self {
+        CharacterWindows {
+            windows: HashMap::new(),
+        }
+    }
+}
+
+impl<Id: std::hash::Hash + Eq + Clone> CharacterWindows<Id> {
+    pub fn push(
+        &mut self,
+        id: &Id,
+        dev: u32,
+        c: CharacterCounts,
+    ) -> (Option<Character>, Option<(CharacterClass, CharacterClass)>) {
+        self.windows.entry((id.clone(), dev)).or_default().push(c)
+    }
+
+    pub fn forget(&mut self, id: &Id) {
+        self.windows.retain(|(i, _), _| i != id);
+    }
 }
 
 #[cfg(test)]
@@ -188,17 +289,41 @@ mod tests {
     fn counts_add_and_the_event_form_says_the_fractions() {
         let mut c = counts(30, 10, 10);
         c.add(&counts(30, 10, 10));
-        let ch = c.character().unwrap();
-        assert_eq!(ch.ios, 80);
+        let ch = c.character(2).unwrap();
+        assert_eq!((ch.cycles, ch.ios), (2, 80));
         assert_eq!(ch.read_ios_fraction, 0.75);
         assert_eq!(ch.sequential_fraction, 0.25);
         assert_eq!(ch.size_ios, [80, 0, 0, 0, 0]);
         assert_eq!(ch.class, Some(CharacterClass::Mixed));
-        assert_eq!(CharacterCounts::default().character(), None);
+        assert_eq!(CharacterCounts::default().character(1), None);
         for class in CharacterClass::ALL {
             assert_eq!(CharacterClass::parse(class.as_str()), Some(class));
             let json = serde_json::to_string(&class).unwrap();
             assert_eq!(json, format!("\"{class}\""));
         }
+    }
+
+    #[test]
+    fn a_window_follows_a_workload_that_changes_and_says_so_once() {
+        let mut w = CharacterWindow::default();
+        let mut changes = vec![];
+        // Random reads, then sequential writes: the window's class turns when the writes
+        // outnumber the reads enough.
+        for cycle in 0..80 {
+            let c = if cycle < 40 {
+                counts(50, 0, 0)
+            } else {
+                counts(0, 50, 50)
+            };
+            let (ch, change) = w.push(c);
+            assert!(ch.unwrap().cycles <= CHARACTER_WINDOW_CYCLES);
+            changes.extend(change.map(|x| (cycle, x)));
+        }
+        use CharacterClass::*;
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert_eq!(changes[0].1, (RandRead, Mixed));
+        assert_eq!(changes[1].1, (Mixed, SeqWrite));
+        let (ch, _) = w.push(counts(0, 50, 50));
+        assert_eq!(ch.unwrap().class, Some(SeqWrite));
     }
 }

@@ -8,7 +8,7 @@ use isolator_common::{OP_READ, OP_WRITE};
 
 use crate::{
     collect::collector::{KeyDelta, LatencyDelta, Snapshot},
-    measure::metrics::HistSum,
+    measure::{character::CharacterCounts, metrics::HistSum},
     policy::ServiceId,
 };
 
@@ -26,6 +26,7 @@ pub struct ServiceIo {
     pub peak: u64,
     pub cgroups: BTreeSet<u64>,
     pub hist: HistSum,
+    pub character: CharacterCounts,
 }
 
 /// Each service's I/O this cycle, by (device, service).
@@ -78,6 +79,7 @@ pub fn aggregate(
         a.peak += d.inflight_peak;
         a.cgroups.insert(d.key.cgroup_id);
         a.hist.add(&slo_latency(d).hist);
+        a.character.add(&CharacterCounts::of_delta(d));
     }
     for &(sid, dev) in remembered {
         acc.entry((dev, sid)).or_default();

@@ -15,7 +15,10 @@ pub use adaptive::Adaptive;
 pub use pine::{Pine, Priority};
 pub use slae::{Slae, Ute};
 
-use crate::config::{Rate, SloClass};
+use crate::{
+    config::{Rate, SloClass},
+    measure::character::CharacterCounts,
+};
 
 /// Index of a service in the config.
 pub type ServiceId = usize;
@@ -138,6 +141,9 @@ pub struct ServiceLoad {
     pub cgroup_ids: Vec<u64>,
     /// Cycle at whose end this service's limit on this device was last changed.
     pub changed_cycle: Option<u64>,
+    /// The cycle's data requests by character (read/write, sequential, size).
+    #[serde(default, skip_serializing_if = "CharacterCounts::is_empty")]
+    pub character: CharacterCounts,
 }
 
 impl ServiceLoad {

@@ -187,6 +187,7 @@ impl SimDisk {
                 peak_inflight: Some(l.inflight.ceil() as u64),
                 limit: s.limit,
                 changed_cycle: s.changed,
+                character: Default::default(),
                 latency_hist: vec![],
                 cgroup_ids: vec![],
             });

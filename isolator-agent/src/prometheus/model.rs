@@ -19,6 +19,7 @@ use crate::{
     events::{CgroupRef, CycleEnd, Decision, Event, ServiceStats},
     identify::disks::dev_text,
     identify::naming::ServiceKind,
+    measure::character::Character,
     measure::services::slo_latency,
     policy::{IoMaxLimit, Knob},
     prometheus::histogram::{Histogram, SLOTS},
@@ -157,6 +158,8 @@ pub struct ServiceSeries {
     /// the cycle's applied decisions on top.
     pub limit: IoMaxLimit,
     pub violations: u64,
+    /// The character over its window, as the last `service_stats` gave it.
+    pub character: Option<Character>,
     idle_cycles: u32,
     /// Had `service_stats` this cycle.
     reported: bool,
@@ -490,6 +493,7 @@ impl Model {
                     state: None,
                     limit: IoMaxLimit::default(),
                     violations: 0,
+                    character: None,
                     idle_cycles: 0,
                     reported: false,
                 },
@@ -604,6 +608,7 @@ impl Model {
         s.window_s = interval_ns as f64 / 1e9;
         s.state = State::parse(&st.state);
         s.limit = st.limit;
+        s.character = st.character.clone();
     }
 
     fn decision(&mut self, d: &Decision) {

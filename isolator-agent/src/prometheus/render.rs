@@ -21,6 +21,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    measure::character::{Character, CharacterClass},
     policy::Knob,
     prometheus::{
         histogram::Histogram,
@@ -535,6 +536,45 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
             Ok(())
         },
     )?;
+    family(
+        enc,
+        "isolator_service_character",
+        "1 for the service's I/O character class on the disk over its window (seq-read, rand-read, seq-write, rand-write, mixed), 0 for the others; absent with too few requests.",
+        Gauge,
+        |f| {
+            for s in services() {
+                let Some(now) = s.character.as_ref().and_then(|c| c.class) else {
+                    continue;
+                };
+                for class in CharacterClass::ALL {
+                    let v = (class == now) as u8 as f64;
+                    gauge(f, &(s.labels.as_slice(), [("class", class.as_str())]), v)?;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    for (name, help, pick) in [
+        (
+            "isolator_service_read_ratio",
+            "Share of reads among the service's data requests on the disk over its character window.",
+            (|c: &Character| c.read_ios_fraction) as fn(&Character) -> f64,
+        ),
+        (
+            "isolator_service_sequential_ratio",
+            "Share of sequential requests (starting near where the previous one ended) among the service's data requests on the disk over its character window.",
+            |c: &Character| c.sequential_fraction,
+        ),
+    ] {
+        family(enc, name, help, Gauge, |f| {
+            for s in services() {
+                if let Some(c) = &s.character {
+                    gauge(f, &s.labels.as_slice(), pick(c))?;
+                }
+            }
+            Ok(())
+        })?;
+    }
     for (name, help, knobs) in [
         (
             "isolator_service_limit_bytes_per_second",

@@ -11,7 +11,7 @@ use crate::{
         AgentStart, CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent,
         ServiceStats, ViolationInfo, SCHEMA_VERSION,
     },
-    measure::metrics::LatencySummary,
+    measure::{character::Character, metrics::LatencySummary},
     policy::IoMaxLimit,
 };
 
@@ -115,6 +115,8 @@ pub struct Row {
     /// Cgroup paths (a service's: those with I/O this cycle).
     pub cgroups: Vec<String>,
     pub disks: Vec<String>,
+    /// The I/O character over its window, per disk (disk name, character).
+    pub characters: Vec<(String, Character)>,
     pub last_active_cycle: u64,
     pub history: History,
 }
@@ -138,6 +140,7 @@ impl Row {
             vio: None,
             latency_log2: vec![],
             latency_by_op: vec![],
+            characters: vec![],
             cgroups: vec![],
             disks: vec![],
             last_active_cycle: 0,
@@ -157,6 +160,7 @@ impl Row {
         self.vio = None;
         self.latency_log2.clear();
         self.latency_by_op.clear();
+        self.characters.clear();
         if self.state == State::Violating {
             self.state = State::Ok;
         }
@@ -243,6 +247,7 @@ struct CgroupCycle {
     ops: Vec<OpLatency>,
     /// dev -> (disk, read MB/s, write MB/s, IOPS)
     by_dev: Vec<(String, Option<String>, f64, f64, f64)>,
+    characters: Vec<(String, Character)>,
 }
 
 #[derive(Clone)]
@@ -398,6 +403,28 @@ impl Model {
             Event::Error(n) => {
                 let text = format!("error {}: {}", n.code, n.message);
                 self.push_action(action(ActionKind::Error, None, None, vec![], text));
+            }
+            Event::CharacterChange(c) => {
+                let name = |k: Option<crate::measure::character::CharacterClass>| {
+                    k.map_or("?", |k| k.as_str())
+                };
+                let text = format!(
+                    "{} on {} turned {} -> {} ({:.0} % reads, {:.0} % sequential)",
+                    c.service,
+                    c.disk.as_deref().unwrap_or(&c.dev),
+                    name(c.from),
+                    name(c.to),
+                    c.character.read_ios_fraction * 100.0,
+                    c.character.sequential_fraction * 100.0
+                );
+                let a = action(
+                    ActionKind::Info,
+                    Some(c.cycle),
+                    Some(c.service.clone()),
+                    vec![],
+                    text,
+                );
+                self.push_action(a);
             }
             Event::LabelSlo(l) => {
                 if l.outcome == "released" {
@@ -646,7 +673,11 @@ fn cgroup_cycle(v: &CgroupStats) -> CgroupCycle {
     let mut ops = vec![];
     let mut inflight = 0.0;
     let mut by_dev = vec![];
+    let mut characters = vec![];
     for d in &v.devices {
+        if let Some(c) = &d.character {
+            characters.push((d.disk.clone().unwrap_or_else(|| d.dev.clone()), c.clone()));
+        }
         let (mut r, mut w, mut iops) = (0.0, 0.0, 0.0);
         for (op, o) in [("read", &d.read), ("write", &d.write), ("other", &d.other)] {
             let Some(o) = o else { continue };
@@ -682,6 +713,7 @@ fn cgroup_cycle(v: &CgroupStats) -> CgroupCycle {
         inflight,
         ops,
         by_dev,
+        characters,
     }
 }
 
@@ -724,6 +756,13 @@ fn aggregate_service(row: &mut Row, parts: &[ServiceStats]) {
         .iter()
         .map(|p| p.disk.clone().unwrap_or_else(|| p.dev.clone()))
         .collect();
+    row.characters = parts
+        .iter()
+        .filter_map(|p| {
+            let disk = p.disk.clone().unwrap_or_else(|| p.dev.clone());
+            p.character.clone().map(|c| (disk, c))
+        })
+        .collect();
 }
 
 fn fill_cgroup(row: &mut Row, c: CgroupCycle) {
@@ -751,6 +790,7 @@ fn fill_cgroup(row: &mut Row, c: CgroupCycle) {
         .map(|(dev, disk, ..)| disk.clone().unwrap_or_else(|| dev.clone()))
         .collect();
     row.latency_by_op = c.ops;
+    row.characters = c.characters;
     row.cgroups = c.path.into_iter().collect();
 }
 

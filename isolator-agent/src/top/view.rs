@@ -429,6 +429,21 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
     } else {
         lines.push(Line::from("no I/O this cycle").dark_gray());
     }
+    if !row.characters.is_empty() {
+        lines.push(Line::from("character (window)  reads  seq  <=4K <=16K <=64K <=256K  >").bold());
+        for (disk, c) in &row.characters {
+            let share = |n: u64| format!("{:>3.0}%", n as f64 * 100.0 / c.ios.max(1) as f64);
+            let sizes: Vec<String> = c.size_ios.iter().map(|&n| share(n)).collect();
+            lines.push(Line::from(format!(
+                "{:<5} {:<10} {:>4.0}% {:>3.0}% {}",
+                truncate(disk, 5),
+                c.class.map_or("too few", |k| k.as_str()),
+                c.read_ios_fraction * 100.0,
+                c.sequential_fraction * 100.0,
+                sizes.join("  ")
+            )));
+        }
+    }
     if !row.cgroups.is_empty() {
         lines.push(Line::from(format!("cgroups: {}", row.cgroups.join(", "))).dark_gray());
     }
