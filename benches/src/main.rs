@@ -365,23 +365,42 @@ fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()>
         if skip(i) {
             continue;
         }
+        let vs_none = if skip(0) {
+            "-".to_string()
+        } else {
+            format!("{:.1} %", 100.0 * iops / base)
+        };
         if i == 0 {
             println!("| {mode} | {iops:.0} | 100.0 % | - | - | - |");
         } else {
             println!(
-                "| {mode} | {iops:.0} | {:.1} % | {ns:.0} | {:.2}x | {:.2} % |",
-                100.0 * iops / base,
+                "| {mode} | {iops:.0} | {vs_none} | {ns:.0} | {:.2}x | {:.2} % |",
                 ns / floor,
                 100.0 * cpu
             );
         }
     }
     println!();
-    println!("isolator's programs (mean over rounds):");
+    for (i, name) in [(3, "isolator"), (4, "the baseline isolator")] {
+        if skip(i) {
+            continue;
+        }
+        programs_table(name, &results[i]);
+    }
+    let iso = &results[3];
+    println!(
+        "isolator RSS at the end of a loaded run: {:.1} MiB",
+        iso.iter().map(|m| m.rss_kib).max().unwrap_or(0) as f64 / 1024.0
+    );
+    Ok(())
+}
+
+/// Per program of a mode: runs per round and ns per run, means over the rounds.
+fn programs_table(name: &str, iso: &[Measured]) {
+    println!("{name}'s programs (mean over rounds):");
     println!();
     println!("| program | runs per round | ns per run |");
     println!("|---|---|---|");
-    let iso = &results[3];
     let mut names: Vec<String> = iso
         .iter()
         .flat_map(|m| m.programs.iter().map(|p| p.0.clone()))
@@ -400,9 +419,4 @@ fn run_modes(dir: &Path, data: &Path, rounds: usize, seconds: u64) -> Result<()>
         println!("| {n} | {:.0} | {:.0} |", mean(&runs), mean(&ns));
     }
     println!();
-    println!(
-        "isolator RSS at the end of a loaded run: {:.1} MiB",
-        iso.iter().map(|m| m.rss_kib).max().unwrap_or(0) as f64 / 1024.0
-    );
-    Ok(())
 }

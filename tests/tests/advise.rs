@@ -133,9 +133,13 @@ fn record_and_advise(first: (&str, Load), second: (&str, Load)) -> Advice {
     let (status, stderr) = agent.stop();
     assert!(status.success(), "agent: {status} {stderr}");
 
+    // Both services as jobs to plan: their pair is measured, so no class is needed.
+    let jobs = scratch.path("jobs");
+    std::fs::write(&jobs, format!("{}\n{}\n", first.0, second.0)).unwrap();
     let advise = |json: bool| {
         let mut cmd = Command::new(isolator_bin());
         cmd.args(["advise", "--input"]).arg(&agent.events);
+        cmd.arg("--jobs").arg(&jobs).args(["--max-batch", "2"]);
         if json {
             cmd.arg("--json");
         }
@@ -157,6 +161,33 @@ fn ratio(p: &Value, key: &str) -> f64 {
     p[key]
         .as_f64()
         .unwrap_or_else(|| panic!("no {key} in {p:#}"))
+}
+
+/// The plan of the two services' disk: both jobs, the measured penalty between them, and
+/// a total penalty that is that penalty exactly when they share a batch.
+fn assert_plan(a: &Advice, names: [&str; 2]) {
+    let text = &a.text;
+    let plans = a.json["plans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no plans:\n{text}"));
+    assert_eq!(plans.len(), 1, "{text}");
+    let plan = &plans[0];
+    let jobs: Vec<&str> = plan["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(jobs, names, "{text}");
+    assert_eq!(plan["basis"][0][1], "measured", "{text}");
+    let penalty = plan["penalty"][0][1].as_u64().unwrap();
+    let together = plan["batches"].as_array().unwrap().len() == 1;
+    assert_eq!(
+        plan["total_penalty"].as_u64(),
+        Some(if together { penalty } else { 0 }),
+        "{text}"
+    );
+    assert!(text.contains("plan for "), "{text}");
 }
 
 #[test]
@@ -187,6 +218,7 @@ fn a_sequential_writer_is_named_as_hurting_a_random_reader() {
         ratio(back, "p999_ratio") < ratio(top, "p999_ratio"),
         "{text}"
     );
+    assert_plan(&a, ["reader", "writer"]);
 }
 
 #[test]
@@ -201,4 +233,5 @@ fn two_sequential_writers_are_named_as_a_pair() {
     // the other.
     let lost = |victim, other| ratio(a.pair(victim, other), "mbps_ratio") < 1.0;
     assert!(lost("w1", "w2") || lost("w2", "w1"), "{text}");
+    assert_plan(&a, ["w1", "w2"]);
 }

@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use crate::{
     advise::{
-        interference::{Basis, Estimator, Guideline, PairEstimate, MIN_CYCLES_PER_SIDE},
+        batching::{self, Problem},
+        guidelines,
+        interference::{Basis, Estimator, PairEstimate, MIN_CYCLES_PER_SIDE},
         jobs::{self, DiskJobs, Unplanned},
     },
     events::{Event, ReadError, RecordedEvent},
@@ -147,17 +149,35 @@ pub struct Advice {
     pub unplanned: Option<Vec<Unplanned>>,
 }
 
-/// The guideline penalties (paper 002), once they are in this build.
-fn guideline() -> Option<Guideline> {
-    None
-}
-
-/// Plans the batches of each disk's jobs.
-fn plan(disks: Vec<DiskJobs>, _max_batch: Option<u64>) -> Result<Vec<DiskPlan>, String> {
-    if disks.is_empty() {
-        return Ok(vec![]);
-    }
-    Err("batch planning is not in this build".into())
+/// Plans the batches of each disk's jobs with paper 002's objective.
+fn plan(disks: Vec<DiskJobs>, max_batch: Option<u64>) -> Result<Vec<DiskPlan>, String> {
+    disks
+        .into_iter()
+        .map(|jobs| {
+            let n = jobs.jobs.len();
+            let problem = Problem {
+                penalty: jobs.penalty.clone(),
+                // No cap: every job of the disk may share one batch.
+                max_batch: max_batch
+                    .map_or(n, |m| usize::try_from(m).unwrap_or(n))
+                    .max(1),
+            };
+            let plan = batching::solve(&problem)
+                .map_err(|e| format!("disk {}: {e}", jobs.disk.as_deref().unwrap_or(&jobs.dev)))?;
+            let batches = plan
+                .batches
+                .iter()
+                .map(|b| b.iter().map(|&i| jobs.jobs[i].name.clone()).collect())
+                .collect();
+            Ok(DiskPlan {
+                jobs,
+                batches,
+                total_penalty: plan.total_penalty,
+                objective: plan.objective,
+                exact: plan.exact,
+            })
+        })
+        .collect()
 }
 
 pub fn run(opts: &AdviseOptions) -> anyhow::Result<String> {
@@ -172,7 +192,7 @@ pub fn run(opts: &AdviseOptions) -> anyhow::Result<String> {
         })?;
         read_stream(&name, file, &mut estimator)?;
     }
-    let pairs = estimator.estimate(guideline());
+    let pairs = estimator.estimate(Some(guidelines::penalty));
     let (plans, unplanned) = match &opts.jobs {
         None => (None, None),
         Some(path) => {
@@ -182,9 +202,7 @@ pub fn run(opts: &AdviseOptions) -> anyhow::Result<String> {
             };
             let text = std::fs::read_to_string(path).map_err(|e| jobs_error(e.to_string()))?;
             let specs = jobs::parse(&text).map_err(|e| jobs_error(e.to_string()))?;
-            let g = guideline()
-                .ok_or_else(|| jobs_error("batch planning is not in this build".into()))?;
-            let (disks, unplanned) = jobs::place(&specs, &estimator, &pairs, g)
+            let (disks, unplanned) = jobs::place(&specs, &estimator, &pairs, guidelines::penalty)
                 .map_err(|e| jobs_error(e.to_string()))?;
             (
                 Some(plan(disks, opts.max_batch).map_err(jobs_error)?),
@@ -246,7 +264,13 @@ pub fn render(a: &Advice, top: usize) -> String {
             "{} cycles idle / {} active",
             p.alone.cycles, p.together.cycles
         );
-        let head = format!("{} -> {} on {disk}", p.other, p.victim);
+        let head = format!(
+            "{} ({}) -> {} ({}) on {disk}",
+            p.other,
+            class(p.other_class),
+            p.victim,
+            class(p.victim_class)
+        );
         let line = match p.basis {
             Basis::Measured => format!(
                 "{head}: p99.9 {} -> {} (x{:.2}), {} -> {} (x{:.2}); {cycles}; penalty {}",
@@ -259,16 +283,12 @@ pub fn render(a: &Advice, top: usize) -> String {
                 p.penalty.unwrap_or(0),
             ),
             Basis::Guideline => format!(
-                "{head}: too little data ({cycles}); guideline penalty {} for {} with {}",
+                "{head}: too little data ({cycles}); guideline penalty {}",
                 p.penalty.unwrap_or(0),
-                class(p.other_class),
-                class(p.victim_class),
             ),
-            Basis::TooLittleData => format!(
-                "{head}: too little data ({cycles}), classes {} / {}: nothing claimed",
-                class(p.other_class),
-                class(p.victim_class),
-            ),
+            Basis::TooLittleData => {
+                format!("{head}: too little data ({cycles}) and a class unknown: nothing claimed",)
+            }
         };
         let _ = writeln!(out, "  {line}");
     }
@@ -339,6 +359,70 @@ mod tests {
     }
 
     #[test]
+    fn jobs_are_planned_into_batches_by_name() {
+        use crate::{
+            events::ServiceStats,
+            measure::character::{Character, CharacterClass},
+        };
+        let stats = |cycle: u64, service: &str, p999_ms: u64, class: CharacterClass| ServiceStats {
+            cycle,
+            service: service.into(),
+            dev: "7:3".into(),
+            samples: 100,
+            p999_ns: Some(p999_ms * 1_000_000),
+            read_mbps: 10.0,
+            character: Some(Character {
+                ios: 100,
+                class: Some(class),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut e = Estimator::default();
+        e.start_run();
+        for c in 1..=6 {
+            e.add(&stats(c, "db", 1, CharacterClass::RandRead));
+            e.add(&stats(c + 10, "backup", 50, CharacterClass::SeqWrite));
+            e.add(&stats(c + 20, "db", 30, CharacterClass::RandRead));
+            e.add(&stats(c + 20, "backup", 50, CharacterClass::SeqWrite));
+        }
+        let pairs = e.estimate(Some(guidelines::penalty));
+        let specs = jobs::parse("db\nbackup\nseq-read\nrand-read\n").unwrap();
+        let (disks, unplanned) = jobs::place(&specs, &e, &pairs, guidelines::penalty).unwrap();
+        assert!(unplanned.is_empty());
+        let plans = plan(disks, Some(2)).unwrap();
+        let p = &plans[0];
+        let mut names: Vec<&str> = p.batches.iter().flatten().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["backup", "db", "rand-read", "seq-read"]);
+        assert!(p.batches.iter().all(|b| b.len() <= 2), "{:?}", p.batches);
+        // The total penalty is that of the pairs sharing a batch, by the matrix.
+        let index = |n: &str| p.jobs.jobs.iter().position(|j| j.name == n).unwrap();
+        let mut total = 0;
+        for b in &p.batches {
+            for (k, x) in b.iter().enumerate() {
+                for y in &b[k + 1..] {
+                    total += u64::from(p.jobs.penalty[index(x)][index(y)]);
+                }
+            }
+        }
+        assert_eq!(p.total_penalty, total);
+        let out = render(
+            &Advice {
+                input: "x".into(),
+                cycles: e.cycles(),
+                min_cycles_per_side: MIN_CYCLES_PER_SIDE,
+                pairs,
+                plans: Some(plans),
+                unplanned: None,
+            },
+            10,
+        );
+        assert!(out.contains("plan for 7:3: "), "{out}");
+        assert!(out.contains("  batch 1: "), "{out}");
+    }
+
+    #[test]
     fn a_stream_with_too_little_data_says_so() {
         let line = |cycle: u64, service: &str| {
             format!(
@@ -360,7 +444,9 @@ mod tests {
         let out = render(&advice, 10);
         assert!(out.contains("too little data: no pair has"), "{out}");
         assert!(
-            out.contains("b -> a on 7:3: too little data (0 cycles idle / 3 active)"),
+            out.contains(
+                "b (unknown) -> a (unknown) on 7:3: too little data (0 cycles idle / 3 active)"
+            ),
             "{out}"
         );
     }
