@@ -3,7 +3,7 @@
 //! Each cycle is a pipeline, and the folders are its stages (README, "How it works"):
 //! kernel -> [`collect`] -> [`identify`] -> [`measure`] -> decide ([`control`], [`policy`])
 //! -> plan and enforce ([`control`], [`enforcer`]) -> emit ([`events`], and the metrics
-//! endpoint, [`prometheus`]) -> readers ([`top`], [`replay`]). [`agent`] runs the stages in order.
+//! endpoint, [`prometheus`]) -> readers ([`top`], [`replay`], [`advise`]). [`agent`] runs the stages in order.
 
 pub mod advise;
 pub mod agent;

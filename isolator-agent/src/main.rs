@@ -2,7 +2,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use isolator::{
-    agent, check,
+    advise, agent, check,
     collect::probe::DEFAULT_BTF,
     enforcer::{Enforcer, HostLock, Journal, DEFAULT_JOURNAL_DIR},
     identify::cgroupfs::IoHierarchy,
@@ -46,6 +46,9 @@ enum Command {
     /// where its decisions differ from the recorded ones (another --policy or --slo: what
     /// the agent would have done).
     Replay(replay::ReplayOptions),
+    /// Which services hurt each other on a disk, learned from a recorded (or piped live)
+    /// event stream, and, with --jobs, batches of jobs per disk that interfere least.
+    Advise(advise::command::AdviseOptions),
 }
 
 /// clap's errors span several lines; the operator gets one: the cause and the fix.
@@ -111,6 +114,7 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(agent::run(opts))),
         Command::Top(opts) => top::run(opts),
         Command::Replay(opts) => replay::run(&opts).map(|report| print!("{report}")),
+        Command::Advise(opts) => advise::command::run(&opts).map(|report| print!("{report}")),
         Command::Restore { journal_dir } => restore(&journal_dir),
         Command::Check { btf } => {
             let items = check::run_checks(&btf);
