@@ -215,7 +215,8 @@ fn conflict_order(s: &[Vec<u32>]) -> Vec<usize> {
 /// items must add and the fewest batches they can end in, cannot beat the incumbent.
 fn exact(p: &Problem, incumbent: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
     let scale = Scale::new(&p.penalty);
-    let best_cost = scale.cost(total_penalty(&p.penalty, &incumbent), incumbent.len());
+    let best_t_p = total_penalty(&p.penalty, &incumbent);
+    let best_cost = scale.cost(best_t_p, incumbent.len());
     let mut search = Search {
         s: &p.penalty,
         cap: p.max_batch,
@@ -224,6 +225,7 @@ fn exact(p: &Problem, incumbent: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
         batches: Vec::new(),
         t_p: 0,
         best_cost,
+        best_t_p,
         best: incumbent,
     };
     search.visit(0);
@@ -238,6 +240,9 @@ struct Search<'a> {
     batches: Vec<Vec<usize>>,
     t_p: u64,
     best_cost: u128,
+    /// The incumbent's penalty: of two plans eq. 3 scores the same (two jobs: one batch or
+    /// two), the one with less penalty wins, as the paper's aim is to avoid interference.
+    best_t_p: u64,
     best: Vec<Vec<usize>>,
 }
 
@@ -272,13 +277,17 @@ impl Search<'_> {
     fn visit(&mut self, depth: usize) {
         if depth == self.order.len() {
             let cost = self.scale.cost(self.t_p, self.batches.len());
-            if cost < self.best_cost {
+            if (cost, self.t_p) < (self.best_cost, self.best_t_p) {
                 self.best_cost = cost;
+                self.best_t_p = self.t_p;
                 self.best = self.batches.clone();
             }
             return;
         }
-        if self.bound(depth) >= self.best_cost {
+        // The penalty only grows down a branch: at an equal bound it can still win the tie
+        // only while its penalty is below the incumbent's.
+        let bound = self.bound(depth);
+        if bound > self.best_cost || (bound == self.best_cost && self.t_p >= self.best_t_p) {
             return;
         }
         let item = self.order[depth];
@@ -505,6 +514,19 @@ fn local_search(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn of_equally_scored_plans_the_one_with_less_penalty_wins() {
+        // Two jobs that conflict: one batch (penalty 2) and two batches (penalty 0) both
+        // score f = 1 under eq. 3; the plan must keep them apart.
+        let p = super::Problem {
+            penalty: vec![vec![0, 2], vec![2, 0]],
+            max_batch: 2,
+        };
+        let plan = super::solve(&p).unwrap();
+        assert_eq!(plan.batches, vec![vec![0], vec![1]]);
+        assert_eq!(plan.total_penalty, 0);
+    }
+
     use super::*;
     use crate::advise::guidelines::{penalty, GUIDELINE_FORBIDDEN};
     use crate::measure::character::CharacterClass;
