@@ -29,7 +29,7 @@ use crate::{
     identify::cgroupfs::IoHierarchy,
     identify::containerd,
     identify::containers::{self, ContainerTable, ContainerUpdate},
-    identify::disks::{DiskBusy, DiskCoverage, DiskNames},
+    identify::disks::{whole_disk_stats, DiskBusy, DiskCoverage, DiskNames},
     identify::docker,
     identify::naming::Runtime,
     identify::registry::Registry,
@@ -454,6 +454,8 @@ impl Agent {
                 )
             }
         };
+        // After the collector's baseline: see DiskCoverage.
+        let disk_stats = whole_disk_stats();
         Ok(Agent {
             exporter,
             sink,
@@ -463,8 +465,8 @@ impl Agent {
             docker: RuntimeLink::start(Runtime::Docker, &opts.docker_socket),
             containerd: RuntimeLink::start(Runtime::Containerd, &opts.containerd_socket),
             disks: DiskNames::default(),
-            busy: DiskBusy::at_start(),
-            coverage: DiskCoverage::at_start(),
+            busy: DiskBusy::at_start(&disk_stats),
+            coverage: DiskCoverage::at_start(&disk_stats),
             characters: CharacterWindows::default(),
             control,
             panic_at_cycle: std::env::var("ISOLATOR_FAULT_PANIC_AT_CYCLE")
@@ -689,7 +691,12 @@ impl Agent {
             .into_iter()
             .map(|(dev, unseen_completions)| {
                 let sample = DiskSample {
-                    utilization: self.busy.utilization(dev, snap.cycle, interval_s),
+                    utilization: self.busy.utilization(
+                        dev,
+                        snap.cycle,
+                        interval_s,
+                        self.coverage.stat_before_maps(dev),
+                    ),
                     unseen_completions,
                 };
                 (dev, sample)
@@ -782,7 +789,7 @@ impl Agent {
         let mut characters: BTreeMap<(u64, u32), (Option<Character>, Option<Character>)> =
             BTreeMap::new();
         for ((id, dev), c) in counts {
-            let (window, _) = self.characters.push(&id, dev, c);
+            let (window, _) = self.characters.push(&id, dev, snap.cycle, c);
             characters.insert((id, dev), (window, c.character(1)));
         }
         // cgroup -> dev -> DeviceStats

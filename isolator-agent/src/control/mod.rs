@@ -164,7 +164,7 @@ impl Controller {
         for d in cycles {
             let dev = crate::identify::disks::dev_text(d.dev);
             for s in &d.services {
-                let (character, change) = self.characters.push(&s.id, d.dev, s.character);
+                let (character, change) = self.characters.push(&s.id, d.dev, d.cycle, s.character);
                 if let (Some(change), Some(c)) = (change, &character) {
                     events.push(report::character_change(
                         d,

@@ -45,6 +45,11 @@ impl DiskStat {
         DiskStat::parse(&std::fs::read_to_string(path).ok()?)
     }
 
+    /// Completed requests of every kind.
+    pub fn completed_total(&self) -> u64 {
+        self.completed.iter().sum()
+    }
+
     fn parse(text: &str) -> Option<DiskStat> {
         let f: Vec<u64> = text
             .split_whitespace()
@@ -75,22 +80,28 @@ pub struct DiskBusy {
 }
 
 impl DiskBusy {
-    /// Baselines every disk in /sys/block at cycle 0, so a disk's first busy cycle has a
-    /// utilization (a disk first seen later reads 0 for its first cycle).
-    pub fn at_start() -> DiskBusy {
-        let mut busy = DiskBusy::default();
-        for dev in whole_disks() {
-            if let Some(stat) = DiskStat::read(dev) {
-                busy.last.insert(dev, (stat.io_ticks_ms, 0));
-            }
+    /// Baselines every disk of [`whole_disk_stats`] at cycle 0, so a disk's first busy cycle
+    /// has a utilization (a disk first seen later reads 0 for its first cycle).
+    pub fn at_start(stats: &[(u32, DiskStat)]) -> DiskBusy {
+        DiskBusy {
+            last: stats
+                .iter()
+                .map(|(dev, stat)| (*dev, (stat.io_ticks_ms, 0)))
+                .collect(),
         }
-        busy
     }
 
     /// The disk's utilization over `cycle` (0 on its first sample); asked once per disk
-    /// and cycle.
-    pub fn utilization(&mut self, dev: u32, cycle: u64, interval_s: f64) -> f64 {
-        let Some(ticks) = DiskStat::read(dev).map(|s| s.io_ticks_ms) else {
+    /// and cycle. `stat` is a read of this cycle already made (see
+    /// [`DiskCoverage::stat_before_maps`]); without one the disk is read here.
+    pub fn utilization(
+        &mut self,
+        dev: u32,
+        cycle: u64,
+        interval_s: f64,
+        stat: Option<DiskStat>,
+    ) -> f64 {
+        let Some(ticks) = stat.or_else(|| DiskStat::read(dev)).map(|s| s.io_ticks_ms) else {
             return 0.0;
         };
         match self.last.insert(dev, (ticks, cycle)) {
@@ -125,8 +136,8 @@ pub struct DiskCoverage {
 struct Coverage {
     /// The disk's completed requests when it was first counted.
     baseline: u64,
-    /// Its completed requests read just before this cycle's maps, if read.
-    before_maps: Option<u64>,
+    /// Its statistics read just before this cycle's maps, if read.
+    before_maps: Option<DiskStat>,
     /// Completions the programs saw on it since the baseline.
     traced: u64,
     /// Highest `completed - baseline - traced` yet.
@@ -136,8 +147,9 @@ struct Coverage {
 impl Coverage {
     fn step(&mut self, traced: u64) -> u64 {
         self.traced += traced;
-        if let Some(done) = self.before_maps.take() {
-            let unseen = done
+        if let Some(stat) = &self.before_maps {
+            let unseen = stat
+                .completed_total()
                 .saturating_sub(self.baseline)
                 .saturating_sub(self.traced);
             self.unseen = self.unseen.max(unseen);
@@ -146,37 +158,39 @@ impl Coverage {
     }
 }
 
-fn completed_total(dev: u32) -> Option<u64> {
-    if !DiskStat::accounted(dev) {
-        return None;
-    }
-    DiskStat::read(dev).map(|s| s.completed.iter().sum())
-}
-
 impl DiskCoverage {
-    /// Baselines every disk that counts its requests: right after the programs' maps are
+    /// Baselines every disk of [`whole_disk_stats`] that counts its requests (asked once
+    /// here, not every cycle): the stats must be read right after the programs' maps are
     /// baselined, so nothing completed in between is taken for unseen.
-    pub fn at_start() -> DiskCoverage {
-        let disks = whole_disks()
-            .filter_map(|dev| {
-                let baseline = completed_total(dev)?;
-                Some((
-                    dev,
-                    Coverage {
-                        baseline,
-                        ..Default::default()
-                    },
-                ))
+    pub fn at_start(stats: &[(u32, DiskStat)]) -> DiskCoverage {
+        let disks = stats
+            .iter()
+            .filter(|(dev, _)| DiskStat::accounted(*dev))
+            .map(|(dev, stat)| {
+                let c = Coverage {
+                    baseline: stat.completed_total(),
+                    ..Default::default()
+                };
+                (*dev, c)
             })
             .collect();
         DiskCoverage { disks }
     }
 
-    /// Reads the counts of the disks that had traffic: just before the maps are read.
+    /// Reads the disks that had traffic: just before the maps are read.
     pub fn before_maps(&mut self) {
-        for (dev, c) in self.disks.iter_mut().filter(|(_, c)| c.traced > 0) {
-            c.before_maps = completed_total(*dev);
+        for (dev, c) in self.disks.iter_mut() {
+            c.before_maps = if c.traced > 0 {
+                DiskStat::read(*dev)
+            } else {
+                None
+            };
         }
+    }
+
+    /// This cycle's read of the disk before the maps, for the other figures of the disk.
+    pub fn stat_before_maps(&self, dev: u32) -> Option<DiskStat> {
+        self.disks.get(&dev).and_then(|c| c.before_maps)
     }
 
     /// After the maps: each disk's completions the programs saw this cycle (`traced`).
@@ -203,7 +217,10 @@ impl DiskCoverage {
             .copied()
             .collect();
         for dev in new {
-            let baseline = completed_total(dev);
+            let baseline = DiskStat::accounted(dev)
+                .then(|| DiskStat::read(dev))
+                .flatten()
+                .map(|s| s.completed_total());
             if let Some(baseline) = baseline {
                 let c = Coverage {
                     baseline,
@@ -217,17 +234,18 @@ impl DiskCoverage {
     }
 }
 
-/// Every whole disk in /sys/block.
-fn whole_disks() -> impl Iterator<Item = u32> {
+/// Every whole disk in /sys/block with its statistics: read once at start for both
+/// [`DiskBusy`] and [`DiskCoverage`].
+pub fn whole_disk_stats() -> Vec<(u32, DiskStat)> {
     std::fs::read_dir("/sys/block")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|d| {
-            std::fs::read_to_string(d.path().join("dev"))
-                .ok()
-                .and_then(|t| parse_dev(&t))
+            let dev = parse_dev(&std::fs::read_to_string(d.path().join("dev")).ok()?)?;
+            Some((dev, DiskStat::read(dev)?))
         })
+        .collect()
 }
 
 /// "MAJ:MIN" as in /sys/block/*/dev.
@@ -240,6 +258,14 @@ fn parse_dev(text: &str) -> Option<u32> {
 mod tests {
     use super::{parse_dev, Coverage, DiskStat};
 
+    fn stat(completed: u64) -> Option<DiskStat> {
+        Some(DiskStat {
+            completed: [completed, 0, 0, 0],
+            in_flight: 0,
+            io_ticks_ms: 0,
+        })
+    }
+
     #[test]
     fn unseen_completions_are_what_the_disk_counted_beyond_the_programs() {
         let mut c = Coverage {
@@ -247,23 +273,24 @@ mod tests {
             ..Default::default()
         };
         // The disk's count read before the maps; the maps may hold completions after it.
-        c.before_maps = Some(1_100);
+        c.before_maps = stat(1_100);
         assert_eq!(c.step(100), 0);
-        c.before_maps = Some(1_150);
+        c.before_maps = stat(1_150);
         assert_eq!(
             c.step(52),
             0,
             "completions traced after the disk's read are no loss"
         );
-        c.before_maps = Some(1_300);
+        c.before_maps = stat(1_300);
         assert_eq!(c.step(140), 8);
         // A cycle without a read of the disk only counts what was traced.
+        c.before_maps = None;
         assert_eq!(c.step(5), 8);
-        c.before_maps = Some(1_302);
+        c.before_maps = stat(1_302);
         assert_eq!(c.step(0), 8, "never lower than a loss already seen");
-        c.before_maps = Some(1_390);
+        c.before_maps = stat(1_390);
         assert_eq!(c.step(85), 8);
-        c.before_maps = Some(1_500);
+        c.before_maps = stat(1_500);
         assert_eq!(c.step(90), 28);
     }
 

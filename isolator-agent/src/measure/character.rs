@@ -189,29 +189,44 @@ pub struct Character {
     pub class: Option<CharacterClass>,
 }
 
-/// The last [`CHARACTER_WINDOW_CYCLES`] cycles of one (cgroup or service, disk).
+/// The last [`CHARACTER_WINDOW_CYCLES`] cycles of one (cgroup or service, disk). Only
+/// cycles with data requests are kept: on a host of thousands of mostly idle containers an
+/// idle pair holds no counts.
 #[derive(Debug, Default)]
 pub struct CharacterWindow {
-    cycles: VecDeque<CharacterCounts>,
+    /// (cycle, its counts), oldest first, within the window.
+    cycles: VecDeque<(u64, CharacterCounts)>,
+    /// The first cycle pushed: the window covers the cycles since, up to its length.
+    first_cycle: Option<u64>,
     class: Option<CharacterClass>,
 }
 
 impl CharacterWindow {
-    /// Adds a cycle; the window's character, and `(from, to)` when its class changed from
-    /// one class to another (not from or to "too little data").
+    /// Adds `cycle`'s counts; the window's character, and `(from, to)` when its class
+    /// changed from one class to another (not from or to "too little data").
     pub fn push(
         &mut self,
+        cycle: u64,
         c: CharacterCounts,
     ) -> (Option<Character>, Option<(CharacterClass, CharacterClass)>) {
-        if self.cycles.len() == CHARACTER_WINDOW_CYCLES {
+        let window = CHARACTER_WINDOW_CYCLES as u64;
+        while self
+            .cycles
+            .front()
+            .is_some_and(|(old, _)| old + window <= cycle)
+        {
             self.cycles.pop_front();
         }
-        self.cycles.push_back(c);
+        if !c.is_empty() {
+            self.cycles.push_back((cycle, c));
+        }
+        let first = *self.first_cycle.get_or_insert(cycle);
         let mut sum = CharacterCounts::default();
-        for c in &self.cycles {
+        for (_, c) in &self.cycles {
             sum.add(c);
         }
-        let character = sum.character(self.cycles.len());
+        let covered = (cycle.saturating_sub(first) + 1).min(window) as usize;
+        let character = sum.character(covered);
         let class = sum.class();
         let change = match (self.class, class) {
             (Some(from), Some(to)) if from != to => Some((from, to)),
@@ -243,9 +258,13 @@ impl<Id: std::hash::Hash + Eq + Clone> CharacterWindows<Id> {
         &mut self,
         id: &Id,
         dev: u32,
+        cycle: u64,
         c: CharacterCounts,
     ) -> (Option<Character>, Option<(CharacterClass, CharacterClass)>) {
-        self.windows.entry((id.clone(), dev)).or_default().push(c)
+        self.windows
+            .entry((id.clone(), dev))
+            .or_default()
+            .push(cycle, c)
     }
 
     pub fn forget(&mut self, id: &Id) {
@@ -315,7 +334,7 @@ mod tests {
             } else {
                 counts(0, 50, 50)
             };
-            let (ch, change) = w.push(c);
+            let (ch, change) = w.push(cycle, c);
             assert!(ch.unwrap().cycles <= CHARACTER_WINDOW_CYCLES);
             changes.extend(change.map(|x| (cycle, x)));
         }
@@ -323,7 +342,14 @@ mod tests {
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert_eq!(changes[0].1, (RandRead, Mixed));
         assert_eq!(changes[1].1, (Mixed, SeqWrite));
-        let (ch, _) = w.push(counts(0, 50, 50));
+        let (ch, _) = w.push(80, counts(0, 50, 50));
         assert_eq!(ch.unwrap().class, Some(SeqWrite));
+        // Idle cycles keep nothing; after a whole window of them nothing is left to tell.
+        let (ch, _) = w.push(
+            81 + CHARACTER_WINDOW_CYCLES as u64,
+            CharacterCounts::default(),
+        );
+        assert_eq!(ch, None);
+        assert!(w.cycles.is_empty());
     }
 }
