@@ -195,6 +195,13 @@ impl Controller {
             }
             let mut decisions = crate::policy::ceilings(d);
             decisions.extend(self.policy.decide(d));
+            for f in self.policy.findings() {
+                let name = self
+                    .membership
+                    .spec(f.service())
+                    .map_or_else(|| format!("#{}", f.service()), |s| s.name.clone());
+                events.push(report::finding(self.policy.name(), name, f));
+            }
             for dec in decisions {
                 let Some(spec) = self.membership.spec(dec.service) else {
                     continue;

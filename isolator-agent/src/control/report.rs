@@ -10,7 +10,7 @@ use crate::{
         character::{Character, CharacterClass},
         metrics::{log2_histogram, percentile},
     },
-    policy::{Decision, DeviceCycle, ServiceLoad},
+    policy::{Decision, DeviceCycle, Finding, ServiceLoad},
 };
 
 /// A `label_slo` event about `(container name, container id, pod UID when the labels are
@@ -97,6 +97,32 @@ pub(super) fn character_change(
 }
 
 /// A service started (`started`) or stopped violating its SLO on a device.
+/// What the policy found and told rather than acted on.
+pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
+    match f {
+        Finding::SloInfeasible {
+            service: _,
+            dev,
+            cycle,
+            p999_ns,
+            slo_p999_ns,
+            others_bps,
+            action,
+            reason,
+        } => Event::SloInfeasible(crate::events::SloInfeasible {
+            cycle,
+            service: service_name,
+            dev: crate::identify::disks::dev_text(dev),
+            policy: policy.into(),
+            p999_ns,
+            slo_p999_ns,
+            others_bps,
+            action,
+            reason,
+        }),
+    }
+}
+
 pub(super) fn violation(d: &DeviceCycle, s: &ServiceLoad, dev: &str, started: bool) -> Event {
     let info = ViolationInfo {
         cycle: d.cycle,

@@ -162,6 +162,25 @@ pub struct ViolationInfo {
     pub rate_bps: f64,
 }
 
+/// A latency service over its target with nobody else left to cut (no other load on the
+/// device, or every other service at its floor): no cap on the others can meet it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SloInfeasible {
+    pub cycle: u64,
+    pub service: String,
+    pub dev: String,
+    pub policy: String,
+    pub p999_ns: Option<u64>,
+    pub slo_p999_ns: Option<u64>,
+    /// Everyone else's rate on the device in the cycle.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
+    pub others_bps: f64,
+    /// What the policy does about it.
+    pub action: String,
+    pub reason: String,
+}
+
 /// What became of the SLO a container (or a pod) declares in its `isolator.*` labels.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -468,6 +487,7 @@ pub enum Event {
     ContainerdConnected(ContainerdConnected),
     LabelSlo(LabelSloInfo),
     CharacterChange(CharacterChange),
+    SloInfeasible(SloInfeasible),
     /// A type this reader does not know: a newer agent's addition within the schema.
     /// Never written.
     #[serde(other)]

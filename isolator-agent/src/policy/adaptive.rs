@@ -1,65 +1,82 @@
-//! `adaptive`: find the aggressor, throttle it enough in one step, then give back
-//! bandwidth stepwise while every SLO holds, remembering where the knee was.
+//! `adaptive`: find the aggressor, cut it enough in one step, then search for the knee (the
+//! highest cap at which every SLO still holds) and stay just under it.
 //!
 //! - A victim is a latency service over its p99.9 target (or a backlogged throughput
 //!   service short of its rate).
 //! - The aggressor is the service that occupies the device (largest device-time share)
 //!   among those that owe nothing: best-effort first, then throughput services above
-//!   their target, then latency services within theirs. The bytes the victim competes
-//!   with are scaled by (SLO/L)^2 (at most half, at least 5 %) and the whole cut is taken
-//!   from the aggressor: one decisive cut, because a second cut costs two more cycles.
+//!   their target, then latency services within theirs.
+//! - First cut of an episode: back to the last cap that held if one is known (an aggressor
+//!   that comes back after a quiet spell), else one decisive cut: the bytes the victim
+//!   competes with scaled by (SLO/L)^2 (at most half, at least 5 %), all taken from the
+//!   aggressor, because a second cut costs two more violating cycles.
+//! - Then a bisection in log space between the highest cap seen to hold (`good`: a window of
+//!   [`PROBE_CYCLES`] cycles without a violation or a near miss) and the lowest seen to break
+//!   an SLO (`bad`): a raise that breaks an SLO before it is confirmed goes to the midpoint
+//!   below it at once, still on probation; the search stops when the two are within
+//!   [`KNEE_PRECISION`]. Measured on the test disk, the victim's per-cycle p99.9 near the
+//!   knee straddles the target from one cycle to the next (3.4 to 6 ms at a 5 ms target
+//!   for the same cap), so the search judges windows, not cycles, and a settled cap keeps
+//!   its place through one violating cycle in [`NOISE_WINDOW`].
+//! - A knee is trusted for [`BAD_MEMORY_CYCLES`], twice as long each time it is found
+//!   again: a stable knee is probed ever more rarely, a moved one soon.
+//! - A cap the aggressor no longer uses (under a quarter of it for [`QUIET_CYCLES`]) is
+//!   lifted, the knee remembered for its return.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
-//!   cycles in a row: capping the service the SLO protects is the one decision that can turn
-//!   a slow spell of the disk into an outage of that service.
-//! - With every p99.9 under 30 % of its target for two cycles (the change's transition and
-//!   one full cycle under it), one capped service is raised x1.5; with every p99.9 at or under
-//!   70 % of its target for four cycles, x1.1. Never past half-way to the lowest rate known
-//!   to break an SLO (remembered for [`BAD_MEMORY_CYCLES`]); within 20 % of it the cap
-//!   holds. A raise followed by a violation, or by a p99.9 above 85 % of its target, before
-//!   the cap settled ([`SETTLED_CYCLES`]) goes straight back to the last good cap. A cap that
-//!   no longer binds is removed.
+//!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::{
     base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause, Cause,
-    Decision, DeviceCycle, Policy, ServiceId, ServiceLoad,
+    Decision, DeviceCycle, Finding, Policy, ServiceId, ServiceLoad,
 };
 use crate::config::SloClass;
 
 /// How long a rate that broke an SLO is remembered before it may be probed again. Each time
 /// the same knee (within [`SAME_KNEE`]) is found again, it is trusted twice as long, up to
-/// [`MAX_BAD_MEMORY_CYCLES`]: a stable knee is probed ever more rarely, a moved one soon.
-pub const BAD_MEMORY_CYCLES: u64 = 60;
-const MAX_BAD_MEMORY_CYCLES: u64 = 16 * BAD_MEMORY_CYCLES;
+/// [`MAX_BAD_MEMORY_CYCLES`]: a probe costs at most one violating cycle or two and two
+/// changes, so even the longest memory re-probes well inside the budget of one violating
+/// cycle and one change in ten, and a disk that got faster is found within minutes.
+pub const BAD_MEMORY_CYCLES: u64 = 30;
+const MAX_BAD_MEMORY_CYCLES: u64 = 4 * BAD_MEMORY_CYCLES;
 const SAME_KNEE: f64 = 0.15;
-/// Relax only when every latency service is at most this fraction of its target.
-const RELAX_MARGIN: f64 = 0.7;
-const HEALTHY_CYCLES_TO_RELAX: u32 = 4;
-/// With every p99.9 at most this fraction of its target, raises are big and quick: the knee
-/// of a shared disk is steep (measured: a writer cap x1.5 from a p99.9 at 35-40 % of the
-/// target overshot it), so only a p99.9 far below its target says a big step is safe.
+/// Full cycles after a change (its transition not counted: it still carries the old cap's
+/// latency) that must pass without a violation or a near miss before the cap counts as
+/// holding. A violation in the transition of a raise still fails the raise.
+pub const PROBE_CYCLES: u64 = 2;
+/// A p99.9 above this fraction of its target is a near miss: a probe window with one is
+/// not a pass (nor a fail).
+const NEAR_MISS: f64 = 0.9;
+/// With every p99.9 at most this fraction of its target through a probe, and no knee
+/// known, the next raise doubles the cap; otherwise it is x[`RAISE_FACTOR`].
 const ROOMY: f64 = 0.3;
-/// With every SLO under [`ROOMY`], a raise may follow after this many cycles.
-const FAST_RAISE_CYCLES: u32 = 2;
-/// A cap unchanged this long is settled: a violation under it gets a gentle cut.
+const RAISE_FACTOR: f64 = 1.25;
+/// Raises above a knee that is no longer trusted creep by this factor: it has probably not
+/// moved far.
+const CREEP_FACTOR: f64 = 1.1;
+/// The search stops when the lowest breaking cap is within this factor of the highest
+/// holding one: 10 % of the bandwidth is what the next probe could win, a violation what
+/// it could cost.
+pub const KNEE_PRECISION: f64 = 1.1;
+/// A cap unchanged this long is settled: a violation under it is judged against the
+/// noise window before anything is cut.
 const SETTLED_CYCLES: u64 = 4;
-/// A settled cap that sees a violation keeps at least this fraction: per-cycle p99.9 on a
-/// shared disk has single-cycle spikes, and a real load change gets a decisive cut at the
-/// next violation anyway.
+/// A settled cap keeps its place through one violating cycle in this many.
+pub const NOISE_WINDOW: u64 = 10;
+/// A settled cap that must give way keeps at least this fraction: it was near the knee.
 const GENTLE_CUT_MIN: f64 = 0.7;
-const RAISE_FACTOR: f64 = 1.1;
-const FAST_RAISE_FACTOR: f64 = 1.5;
-/// Raises stop at this fraction of the lowest rate known to break an SLO.
-const KNEE_HOLD: f64 = 0.8;
-/// A raise that brings a p99.9 above this fraction of its target before the cap settles is
-/// undone without waiting for the violation: near the knee the per-cycle p99.9 straddles
-/// the target, and the next cycle would likely break it.
-const NEAR_MISS: f64 = 0.85;
+/// Consecutive cycles under a quarter of its cap before a cap is lifted.
+pub const QUIET_CYCLES: u32 = 2;
+/// Consecutive violating cycles, with nobody else loading the device, before a latency
+/// service's own concurrency is cut. Seen on the test disk: a QD1 reader alone hit 250 ms
+/// p99.9 for two cycles of a slow spell (nothing a cap on it could help), and a cut after one
+/// cycle held it at 10 IOPS.
+pub const SELF_BLAME_CYCLES: u32 = 3;
 
-/// The lowest total rate (bytes/s) seen to break an SLO (or come close), when, and for how
-/// many cycles it is trusted.
+/// The lowest rate (bytes/s) seen to break an SLO, when, and for how many cycles it is
+/// trusted.
 #[derive(Debug, Clone, Copy)]
 struct Knee {
     rate_bps: u64,
@@ -67,23 +84,23 @@ struct Knee {
     memory_cycles: u64,
 }
 
+/// The knee search of one capped service on one device.
 #[derive(Debug, Default, Clone)]
-struct CapState {
+struct Search {
+    /// The highest cap seen to hold every SLO for a probe window.
+    good: Option<u64>,
     /// The last knee found, kept after it expires to tell a confirmed knee from a new one.
     knee: Option<Knee>,
-    /// The cap before the last raise, to return to if the raise breaks an SLO.
+    /// While a raise is on probation: the good cap to fall back to.
     before_raise: Option<u64>,
+    /// The cycle of the last fall-back from a raise that broke an SLO: its transition
+    /// cycle still carries the broken cap's latency.
+    fell_back_at: Option<u64>,
+    /// Consecutive cycles the service used under a quarter of its cap.
+    quiet: u32,
 }
 
-/// Consecutive cycles, per disk, with every SLO under [`RELAX_MARGIN`] of its target
-/// (`margin`) and under [`ROOMY`] (`roomy`).
-#[derive(Debug, Default, Clone, Copy)]
-struct Streak {
-    margin: u32,
-    roomy: u32,
-}
-
-impl CapState {
+impl Search {
     /// The knee, while it is trusted.
     fn bad(&self, cycle: u64) -> Option<u64> {
         self.knee
@@ -103,27 +120,79 @@ impl CapState {
             at_cycle: cycle,
             memory_cycles,
         });
+        // A good cap at or above a breaking rate is stale: the disk got slower.
+        self.good = self.good.filter(|&g| g < rate_bps);
     }
 }
 
-/// Consecutive violating cycles, with nobody else loading the device, before a latency
-/// service's own concurrency is cut. Seen on the test disk: a QD1 reader alone hit 250 ms
-/// p99.9 for two cycles of a slow spell (nothing a cap on it could help), and a cut after one
-/// cycle held it at 10 IOPS.
-pub const SELF_BLAME_CYCLES: u32 = 3;
+/// What the policy remembers of one device's recent cycles.
+#[derive(Debug, Default, Clone)]
+struct DeviceHistory {
+    /// Cycles with a violation, the last [`NOISE_WINDOW`] cycles' worth.
+    violations: VecDeque<u64>,
+    /// The last cycle with a near miss (or a violation), and with any p99.9 above
+    /// [`ROOMY`] of its target.
+    last_near: Option<u64>,
+    last_warm: Option<u64>,
+    /// The victim violating with nobody else to cut, and for how many cycles in a row.
+    alone: Option<(ServiceId, u32)>,
+    /// Victims told `slo_infeasible` in their current violation.
+    told_infeasible: Vec<ServiceId>,
+}
+
+impl DeviceHistory {
+    fn record(&mut self, d: &DeviceCycle) {
+        let worst = worst_fraction(d);
+        if d.services.iter().any(|s| s.violating()) {
+            self.violations.push_back(d.cycle);
+        }
+        while self
+            .violations
+            .front()
+            .is_some_and(|&c| c + NOISE_WINDOW <= d.cycle)
+        {
+            self.violations.pop_front();
+        }
+        if worst > NEAR_MISS || self.violations.back() == Some(&d.cycle) {
+            self.last_near = Some(d.cycle);
+        }
+        if worst > ROOMY {
+            self.last_warm = Some(d.cycle);
+        }
+    }
+
+    /// Whether cycles `from..=now` had no violation and no near miss.
+    fn clean_since(&self, from: u64) -> bool {
+        self.last_near.is_none_or(|c| c < from)
+    }
+    fn roomy_since(&self, from: u64) -> bool {
+        self.last_warm.is_none_or(|c| c < from)
+    }
+}
+
+/// Worst p99.9 as a fraction of its target over the latency services (0 without any).
+fn worst_fraction(d: &DeviceCycle) -> f64 {
+    d.services
+        .iter()
+        .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
+        .fold(0.0, f64::max)
+}
 
 #[derive(Debug, Default)]
 pub struct Adaptive {
-    caps: HashMap<(u32, ServiceId), CapState>,
-    healthy: HashMap<u32, Streak>,
-    /// Per device: the victim violating alone, and for how many cycles in a row.
-    alone: HashMap<u32, (ServiceId, u32)>,
+    searches: HashMap<(u32, ServiceId), Search>,
+    devices: HashMap<u32, DeviceHistory>,
+    findings: Vec<Finding>,
 }
 
-/// Whether a service's last change is old enough to count as settled: a violation before
-/// that is blamed on the change (a raise is undone), after it on noise or a load change.
+/// Whether a service's last change is old enough to count as settled.
 fn is_settled(s: &ServiceLoad, cycle: u64) -> bool {
     s.changed_cycle.is_none_or(|c| cycle >= c + SETTLED_CYCLES)
+}
+
+/// The first cycle of a probe window: the first full cycle under the service's last change.
+fn window_start(s: &ServiceLoad) -> u64 {
+    s.changed_cycle.map_or(0, |c| c + 2)
 }
 
 fn class_rank(s: &ServiceLoad) -> Option<u8> {
@@ -150,6 +219,22 @@ impl Adaptive {
             .map(|(_, s)| s)
     }
 
+    /// Confirms caps whose probe window passed: they hold.
+    fn confirm(&mut self, d: &DeviceCycle) {
+        let h = self.devices.entry(d.dev).or_default();
+        for s in &d.services {
+            let Some(cap) = s.limit.total_bps() else {
+                continue;
+            };
+            let from = window_start(s);
+            if d.cycle + 1 >= from + PROBE_CYCLES && h.clean_since(from) {
+                let st = self.searches.entry((d.dev, s.id)).or_default();
+                st.good = Some(cap);
+                st.before_raise = None;
+            }
+        }
+    }
+
     fn throttle(
         &mut self,
         d: &DeviceCycle,
@@ -157,23 +242,75 @@ impl Adaptive {
         a: &ServiceLoad,
     ) -> Vec<Decision> {
         let cause = victim_cause(base_cause(d, a), victim);
-        if self.raise_pending(d, a) {
-            let why = format!(
-                "the last raise broke {}'s SLO: back to the last good cap",
-                victim.name
-            );
-            return self.undo_raise(d, a, why, cause);
-        }
-        let st = self.caps.entry((d.dev, a.id)).or_default();
-        // Any raise before this cut is history now.
-        st.before_raise = None;
+        let st = self.searches.entry((d.dev, a.id)).or_default();
         let current = a
             .limit
             .total_bps()
             .map_or(a.bps(), |c| (c as f64).min(a.bps().max(1.0)));
-        // A cap that held for a while sits near the knee: a lone violation there is noise
-        // or a small load change, so cut gently; a second one cuts decisively.
-        let settled = a.limit.total_bps().is_some() && is_settled(a, d.cycle);
+        // A raise on probation broke an SLO: this cap is the knee; go half-way (in log
+        // space) back to the last good cap, or to it when the two are close.
+        if let (Some(prev), Some(raised)) = (st.before_raise, a.limit.total_bps()) {
+            if st.fell_back_at.is_some_and(|c| d.cycle <= c + 1) {
+                return vec![];
+            }
+            st.fell_back_at = Some(d.cycle);
+            st.remember_bad(raised, d.cycle);
+            let mid = (prev as f64 * raised as f64).sqrt() as u64;
+            let (to, why) = if raised as f64 / prev as f64 > KNEE_PRECISION * KNEE_PRECISION {
+                (mid, "a raise broke")
+            } else {
+                st.before_raise = None;
+                (prev, "the last raise broke")
+            };
+            let why = format!("{why} {}'s SLO: back to {:.0} MB/s, between the last good cap and the knee", victim.name, to as f64 / 1e6);
+            return cap_bandwidth(a, d.dev, to.max(a.floor_bps()), why, cause);
+        }
+        if !a.can_change(d.cycle) {
+            return vec![];
+        }
+        let h = self.devices.entry(d.dev).or_default();
+        let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) else {
+            return self.decisive_cut(d, victim, a, current, cause);
+        };
+        if let Some(cap) = a.limit.total_bps().filter(|_| is_settled(a, d.cycle)) {
+            // Near the knee one cycle in ten may straddle the target: that is noise, not a
+            // reason to give up bandwidth.
+            if h.violations.len() <= 1 && l <= 2 * slo {
+                return vec![];
+            }
+            let factor = (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9);
+            let st = self.searches.entry((d.dev, a.id)).or_default();
+            st.remember_bad(cap, d.cycle);
+            let to = ((cap as f64 * factor) as u64).max(a.floor_bps());
+            let why = format!(
+                "{} violated its SLO twice in {NOISE_WINDOW} cycles under this cap: cut to {:.0} %",
+                victim.name,
+                factor * 100.0
+            );
+            return cap_bandwidth(a, d.dev, to, why, cause);
+        }
+        if a.limit.is_unlimited() {
+            let st = self.searches.entry((d.dev, a.id)).or_default();
+            if let Some(g) = st.good.filter(|&g| (g as f64) < current * 0.9) {
+                let why = format!(
+                    "aggressor of {} is back: the cap that held last time",
+                    victim.name
+                );
+                return cap_bandwidth(a, d.dev, g.max(a.floor_bps()), why, cause);
+            }
+        }
+        self.decisive_cut(d, victim, a, current, cause)
+    }
+
+    /// One cut big enough to meet the SLO at the next full cycle.
+    fn decisive_cut(
+        &mut self,
+        d: &DeviceCycle,
+        victim: &ServiceLoad,
+        a: &ServiceLoad,
+        current: f64,
+        cause: Cause,
+    ) -> Vec<Decision> {
         let factor = match victim.class {
             // Squared: tail latency grows much faster than linearly near the knee,
             // and an under-cut costs two more violating cycles.
@@ -186,10 +323,8 @@ impl Adaptive {
             SloClass::BestEffort => 0.5,
         }
         .clamp(0.05, 0.5);
-        let factor = match (settled, victim.slo_ns(), victim.judged_p999()) {
-            (true, Some(slo), Some(l)) => (slo as f64 / l as f64).clamp(GENTLE_CUT_MIN, 0.9),
-            _ => factor,
-        };
+        let st = self.searches.entry((d.dev, a.id)).or_default();
+        st.before_raise = None;
         st.remember_bad(current as u64, d.cycle);
         // The victim suffers from everyone else's bytes: scale that total by the
         // factor and take the whole cut from the aggressor.
@@ -206,120 +341,67 @@ impl Adaptive {
             victim.name,
             factor * 100.0
         );
-        self.healthy.insert(d.dev, Streak::default());
         cap_bandwidth(a, d.dev, cap, why, cause)
     }
 
-    /// Whether `s` was raised and the raise has not settled yet: a violation (or a near
-    /// miss) now is the raise's fault.
-    fn raise_pending(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
-        !is_settled(s, d.cycle)
-            && self
-                .caps
-                .get(&(d.dev, s.id))
-                .is_some_and(|st| st.before_raise.is_some())
-    }
-
-    /// Back to the cap before the last raise, remembering the raised rate as the knee.
-    fn undo_raise(
-        &mut self,
-        d: &DeviceCycle,
-        s: &ServiceLoad,
-        why: String,
-        cause: Cause,
-    ) -> Vec<Decision> {
-        let st = self.caps.entry((d.dev, s.id)).or_default();
-        let Some(prev) = st.before_raise.take() else {
-            return vec![];
-        };
-        if let Some(raised) = s.limit.total_bps() {
-            st.remember_bad(raised, d.cycle);
-        }
-        self.healthy.insert(d.dev, Streak::default());
-        cap_bandwidth(s, d.dev, prev.max(s.floor_bps()), why, cause)
-    }
-
-    /// A p99.9 close to its target right after a raise: go back to the last good cap before
-    /// the raise costs a violating cycle.
-    fn undo_near_miss(&mut self, d: &DeviceCycle, worst: f64) -> Vec<Decision> {
-        let raised = d.services.iter().find(|s| {
-            s.limit.total_bps().is_some() && s.can_change(d.cycle) && self.raise_pending(d, s)
-        });
-        let Some(s) = raised else {
-            return vec![];
-        };
-        let why = format!(
-            "the last raise took a p99.9 to {:.0} % of its target: back to the last good cap",
-            worst * 100.0
-        );
-        self.undo_raise(d, s, why, base_cause(d, s))
-    }
-
+    /// No SLO is violated: lift the caps nobody uses, then raise one cap that held.
     fn relax(&mut self, d: &DeviceCycle) -> Vec<Decision> {
-        let no_violation = d.services.iter().all(|s| !s.violating());
-        // Worst p99.9 as a fraction of its target over the latency services.
-        let worst = d
-            .services
-            .iter()
-            .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
-            .fold(0.0, f64::max);
-        let streak = self.healthy.entry(d.dev).or_default();
-        if !no_violation || worst > RELAX_MARGIN {
-            *streak = Streak::default();
-            if no_violation && worst > NEAR_MISS {
-                return self.undo_near_miss(d, worst);
+        let mut out = vec![];
+        let h = self.devices.entry(d.dev).or_default().clone();
+        for s in d.services.iter().filter(|s| !s.limit.is_unlimited()) {
+            let st = self.searches.entry((d.dev, s.id)).or_default();
+            let Some(cap) = s.limit.total_bps() else {
+                // An IOPS cap on a victim's own concurrency: lift it whole once healthy.
+                if s.can_change(d.cycle) && h.clean_since(window_start(s)) {
+                    out.extend(uncap(
+                        s,
+                        d.dev,
+                        "every SLO met: lift the concurrency cap".into(),
+                        base_cause(d, s),
+                    ));
+                }
+                continue;
+            };
+            st.quiet = if s.bps() < cap as f64 * 0.25 {
+                st.quiet + 1
+            } else {
+                0
+            };
+            if st.quiet >= QUIET_CYCLES && s.ceiling_bps().is_none() && s.can_change(d.cycle) {
+                st.before_raise = None;
+                out.extend(uncap(
+                    s,
+                    d.dev,
+                    format!(
+                        "used under a quarter of its cap for {QUIET_CYCLES} cycles: lift it (the knee is remembered)"
+                    ),
+                    base_cause(d, s),
+                ));
             }
-            return vec![];
         }
-        streak.margin += 1;
-        streak.roomy = if worst <= ROOMY { streak.roomy + 1 } else { 0 };
-        // Far below every target, a big step after the shortest wait (the change's
-        // transition and one full cycle); closer to a target, a small step after a longer
-        // one, since per-cycle p99.9 on a shared disk is noisy.
-        let factor = if streak.roomy >= FAST_RAISE_CYCLES {
-            FAST_RAISE_FACTOR
-        } else if streak.margin >= HEALTHY_CYCLES_TO_RELAX {
-            RAISE_FACTOR
-        } else {
-            return vec![];
-        };
-        // One service per cycle, the most recently untouched first (lowest id as tie).
+        if !out.is_empty() {
+            return out;
+        }
+        // One raise per cycle, the cap untouched longest first (lowest id as tie).
         let candidate = d
             .services
             .iter()
-            .filter(|s| !s.limit.is_unlimited() && s.can_change(d.cycle))
+            .filter(|s| s.limit.total_bps().is_some() && s.can_change(d.cycle))
+            .filter(|s| {
+                let st = &self.searches.get(&(d.dev, s.id));
+                st.is_none_or(|st| st.before_raise.is_none())
+            })
             .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         let Some(s) = candidate else {
-            return vec![];
+            return out;
         };
-        let st = self.caps.entry((d.dev, s.id)).or_default();
+        let cap = s.limit.total_bps().unwrap_or(0);
+        let from = window_start(s);
+        let st = self.searches.entry((d.dev, s.id)).or_default();
         let bad = st.bad(d.cycle);
         let cause = base_cause(d, s);
-        let Some(cap) = s.limit.total_bps() else {
-            // An IOPS cap on a victim's own concurrency: lift it whole once healthy.
-            self.healthy.insert(d.dev, Streak::default());
-            return uncap(
-                s,
-                d.dev,
-                "every SLO met: lift the concurrency cap".into(),
-                cause,
-            );
-        };
-        let mut next = (cap as f64 * factor) as u64;
-        if let Some(bad) = bad {
-            // Half-way to the knee, and never into the last 20 % below it: near a steep knee
-            // the per-cycle p99.9 straddles the target, and a probe there costs violating
-            // cycles for little bandwidth.
-            let knee_margin = (bad as f64 * KNEE_HOLD) as u64;
-            next = next.min(cap + bad.saturating_sub(cap) / 2).min(knee_margin);
-        }
-        if let Some(ceiling) = s.ceiling_bps() {
-            next = next.min(ceiling);
-        }
-        // Not binding: it uses well under half its cap and no SLO worry is remembered.
+        // Not binding and no SLO worry remembered: remove it.
         if bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
-            st.before_raise = None;
-            self.healthy.insert(d.dev, Streak::default());
             return uncap(
                 s,
                 d.dev,
@@ -327,62 +409,94 @@ impl Adaptive {
                 cause,
             );
         }
-        if next <= cap {
-            return vec![]; // at the knee or the ceiling: hold
+        // A cap that just held (or the good one fallen back to) may be raised once its
+        // window is clean; far below every target and with no knee known, after the
+        // transition and one full cycle.
+        let confirmed = st.good == Some(cap);
+        let fast = bad.is_none() && st.knee.is_none() && h.roomy_since(from);
+        let window_passed = d.cycle + 1 >= from + PROBE_CYCLES && h.clean_since(from);
+        let recent_clean = h.clean_since(d.cycle.saturating_sub(1));
+        if !(fast || (confirmed && (window_passed || recent_clean))) {
+            return out;
         }
-        self.healthy.insert(d.dev, Streak::default());
+        let mut next = match (bad, st.knee) {
+            (Some(bad), _) if bad as f64 <= cap as f64 * KNEE_PRECISION => return out,
+            (Some(bad), _) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
+            (None, Some(_)) => (cap as f64 * CREEP_FACTOR) as u64,
+            (None, None) if h.roomy_since(from) => cap * 2,
+            (None, None) => (cap as f64 * RAISE_FACTOR) as u64,
+        };
+        if let Some(ceiling) = s.ceiling_bps() {
+            next = next.min(ceiling);
+        }
+        if next <= cap {
+            return out; // at the ceiling
+        }
+        st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
-        cap_bandwidth(
+        let worst = worst_fraction(d);
+        out.extend(cap_bandwidth(
             s,
             d.dev,
             next,
-            format!("every SLO met with margin (worst p99.9 at {:.0} % of its target): give back bandwidth", worst * 100.0),
+            match bad {
+                Some(bad) => format!(
+                    "every SLO held under this cap: probe half-way to the knee at {:.0} MB/s",
+                    bad as f64 / 1e6
+                ),
+                None => format!(
+                    "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth",
+                    worst * 100.0
+                ),
+            },
             cause,
-        )
-    }
-}
-
-impl Policy for Adaptive {
-    fn name(&self) -> &'static str {
-        "adaptive"
+        ));
+        out
     }
 
-    fn forget_service(&mut self, id: ServiceId) {
-        self.caps.retain(|&(_, s), _| s != id);
-        self.alone.retain(|_, &mut (s, _)| s != id);
-    }
-    fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
-        let mut out = vec![];
-        let victim = d
-            .services
-            .iter()
-            .filter(|s| s.violating())
-            .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
-        let Some(victim) = victim else {
-            self.alone.remove(&d.dev);
-            out.extend(self.relax(d));
-            return out;
-        };
-        self.healthy.insert(d.dev, Streak::default());
-        if let Some(a) = Self::aggressor(d, victim) {
-            self.alone.remove(&d.dev);
-            // Going back to the last good cap is always safe: no need to wait for it.
-            if a.can_change(d.cycle) || self.raise_pending(d, a) {
-                out.extend(self.throttle(d, victim, a));
-            }
-            return out;
-        }
-        // Nobody else to blame: the victim's own queue depth is what hurts it, if that lasts.
-        let streak = match self.alone.get(&d.dev) {
-            Some(&(id, n)) if id == victim.id => n + 1,
+    /// The victim violates and nobody else can be cut.
+    fn alone(&mut self, d: &DeviceCycle, victim: &ServiceLoad) -> Vec<Decision> {
+        let h = self.devices.entry(d.dev).or_default();
+        let streak = match h.alone {
+            Some((id, n)) if id == victim.id => n + 1,
             _ => 1,
         };
-        self.alone.insert(d.dev, (victim.id, streak));
+        h.alone = Some((victim.id, streak));
         if streak < SELF_BLAME_CYCLES {
-            return out;
+            return vec![];
         }
+        let others_bps: f64 = d
+            .services
+            .iter()
+            .filter(|s| s.id != victim.id)
+            .map(|s| s.bps())
+            .sum();
+        let own_queue = victim.mean_inflight > 1.5;
+        if !h.told_infeasible.contains(&victim.id) {
+            h.told_infeasible.push(victim.id);
+            let reason = if others_bps < 1e6 {
+                "nobody else loads the device: the target is below what the service gets alone"
+            } else {
+                "every other service is at its floor"
+            };
+            self.findings.push(Finding::SloInfeasible {
+                service: victim.id,
+                dev: d.dev,
+                cycle: d.cycle,
+                p999_ns: victim.judged_p999(),
+                slo_p999_ns: victim.slo_ns(),
+                others_bps,
+                action: if own_queue {
+                    "cut the service's own concurrency".into()
+                } else {
+                    "none: nothing left to cut".into()
+                },
+                reason: reason.into(),
+            });
+        }
+        let mut out = vec![];
         if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) {
-            if victim.mean_inflight > 1.5 && victim.can_change(d.cycle) {
+            if own_queue && victim.can_change(d.cycle) {
                 let p = victim.mean_inflight;
                 let next = pine_concurrency_step(p, l as f64, slo as f64);
                 let cause = victim_cause(base_cause(d, victim), victim);
@@ -396,5 +510,44 @@ impl Policy for Adaptive {
             }
         }
         out
+    }
+}
+
+impl Policy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn forget_service(&mut self, id: ServiceId) {
+        self.searches.retain(|&(_, s), _| s != id);
+        for h in self.devices.values_mut() {
+            h.alone = h.alone.filter(|&(s, _)| s != id);
+            h.told_infeasible.retain(|&s| s != id);
+        }
+    }
+
+    fn findings(&mut self) -> Vec<Finding> {
+        std::mem::take(&mut self.findings)
+    }
+
+    fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
+        self.devices.entry(d.dev).or_default().record(d);
+        self.confirm(d);
+        let victim = d
+            .services
+            .iter()
+            .filter(|s| s.violating())
+            .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
+        let Some(victim) = victim else {
+            let h = self.devices.entry(d.dev).or_default();
+            h.alone = None;
+            h.told_infeasible.clear();
+            return self.relax(d);
+        };
+        if let Some(a) = Self::aggressor(d, victim) {
+            self.devices.entry(d.dev).or_default().alone = None;
+            return self.throttle(d, victim, a);
+        }
+        self.alone(d, victim)
     }
 }

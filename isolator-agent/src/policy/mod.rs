@@ -306,10 +306,42 @@ pub struct Decision {
     pub cause: Cause,
 }
 
+/// What a policy found and could not act on (or acted on only in part): told to the
+/// operator as an event, never a limit change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finding {
+    /// A latency service over its target with nobody else left to cut: no static cap on the
+    /// others can meet the target.
+    SloInfeasible {
+        service: ServiceId,
+        dev: u32,
+        cycle: u64,
+        p999_ns: Option<u64>,
+        slo_p999_ns: Option<u64>,
+        /// Everyone else's rate on the device this cycle.
+        others_bps: f64,
+        /// What the policy does about it.
+        action: String,
+        reason: String,
+    },
+}
+
+impl Finding {
+    pub fn service(&self) -> ServiceId {
+        match self {
+            Finding::SloInfeasible { service, .. } => *service,
+        }
+    }
+}
+
 pub trait Policy: Send {
     fn name(&self) -> &'static str;
     /// One device's cycle in, limit changes out. Deterministic.
     fn decide(&mut self, dev: &DeviceCycle) -> Vec<Decision>;
+    /// Findings of the last `decide`, taken once.
+    fn findings(&mut self) -> Vec<Finding> {
+        vec![]
+    }
     /// The service is gone (its container stopped, its label SLO removed) or starts over
     /// on new cgroups: drop what is remembered of it. Ids are never reused.
     fn forget_service(&mut self, _id: ServiceId) {}

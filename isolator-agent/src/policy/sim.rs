@@ -11,8 +11,10 @@ use crate::config::{Rate, SloClass};
 const CAPACITY_BPS: f64 = 2.0e9;
 const MB: f64 = 1e6;
 
-/// p99.9 added to a small random read by `others_bps` of other traffic, in ns.
-fn interference_ns(others_bps: f64) -> f64 {
+/// p99.9 added to a small random read by `others_bps` of other traffic, in ns, on a disk
+/// whose knee is at `knee_scale` times the measured one.
+fn interference_ns(others_bps: f64, knee_scale: f64) -> f64 {
+    let others_bps = others_bps / knee_scale;
     let table = [
         (0.0, 0.0),
         (100.0, 2.47),
@@ -44,6 +46,11 @@ pub struct SimService {
     pub demand_bps: f64,
     /// Cycle from which the service runs.
     pub start: u64,
+    /// Runs `on` cycles, then rests `off` cycles, from `start` on (None: always runs).
+    pub on_off: Option<(u64, u64)>,
+    /// How much a byte of it hurts a small random read, relative to a large sequential
+    /// write's byte (a 4 KiB random read costs the device far more per byte).
+    pub cost_per_byte: f64,
     pub limit: IoMaxLimit,
     pub changed: Option<u64>,
 }
@@ -59,6 +66,8 @@ impl SimService {
             qd,
             demand_bps: 0.0,
             start: 0,
+            on_off: None,
+            cost_per_byte: 1.0,
             limit: IoMaxLimit::default(),
             changed: None,
         }
@@ -77,15 +86,38 @@ impl SimService {
             qd: 32.0,
             demand_bps: demand_mbps * MB,
             start,
+            on_off: None,
+            cost_per_byte: 1.0,
             limit: IoMaxLimit::default(),
             changed: None,
         }
+    }
+
+    /// A 4 KiB random reader at `qd` (best-effort) that wants `demand_mbps`: each of its
+    /// bytes hurts others as much as eight bytes of a sequential writer.
+    pub fn random_reader(name: &'static str, demand_mbps: f64, start: u64) -> Self {
+        SimService {
+            cost_per_byte: 8.0,
+            qd: 64.0,
+            ..Self::writer(name, SloClass::BestEffort, demand_mbps, start)
+        }
+    }
+
+    fn running(&self, cycle: u64) -> bool {
+        cycle >= self.start
+            && self
+                .on_off
+                .is_none_or(|(on, off)| (cycle - self.start) % (on + off) < on)
     }
 }
 
 pub struct SimDisk {
     pub cycle: u64,
     pub services: Vec<SimService>,
+    /// Where the knee is, relative to the measured curve (moves it during a run).
+    pub knee_scale: f64,
+    /// Seed of the per-cycle p99.9 noise (None: a smooth disk).
+    pub noise_seed: Option<u64>,
     /// The previous cycle's bulk rates, for the transition cycle.
     prev_rates: Vec<f64>,
 }
@@ -96,6 +128,8 @@ impl SimDisk {
         SimDisk {
             cycle: 0,
             services,
+            knee_scale: 1.0,
+            noise_seed: None,
             prev_rates: vec![0.0; n],
         }
     }
@@ -106,7 +140,7 @@ impl SimDisk {
             .services
             .iter()
             .map(|s| {
-                if self.cycle < s.start || s.demand_bps == 0.0 {
+                if !s.running(self.cycle) || s.demand_bps == 0.0 {
                     return 0.0;
                 }
                 let cap = s.limit.total_bps().map_or(f64::MAX, |c| c as f64);
@@ -122,22 +156,45 @@ impl SimDisk {
         want.iter().map(|w| w * scale).collect()
     }
 
+    /// Multiplier of service `i`'s p99.9 this cycle: 1 on a smooth disk; on a noisy one
+    /// 0.7-1.15 most cycles and 1.3 one cycle in twenty, as the test disk's per-cycle p99.9
+    /// scatters under a fixed cap (DESIGN.md; BENCHMARKS.md's static-cap rows).
+    fn noise(&self, i: usize) -> f64 {
+        let Some(seed) = self.noise_seed else {
+            return 1.0;
+        };
+        // SplitMix64 of (seed, cycle, service): deterministic, no dependency.
+        let mut z = seed
+            .wrapping_add(self.cycle.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+        if u < 0.05 {
+            1.3
+        } else {
+            0.7 + 0.45 * (u - 0.05) / 0.95
+        }
+    }
+
     /// Runs one cycle and returns what the policies see.
     pub fn step(&mut self) -> DeviceCycle {
         let rates = self.bulk_rates();
         let mut loads = vec![];
         for (i, s) in self.services.iter().enumerate() {
-            let running = self.cycle >= s.start;
+            let running = s.running(self.cycle);
             // Any change last cycle makes this one a transition for everyone.
             let transition = self
                 .services
                 .iter()
                 .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
+            // Other traffic as the equivalent bytes of a sequential writer.
             let others = |r: &[f64]| -> f64 {
                 r.iter()
                     .enumerate()
                     .filter(|(j, _)| *j != i)
-                    .map(|(_, v)| v)
+                    .map(|(j, v)| v * self.services[j].cost_per_byte)
                     .sum()
             };
             let mut others_bps = others(&rates);
@@ -148,7 +205,10 @@ impl SimDisk {
             if let SloClass::Latency { .. } = s.class {
                 if running {
                     // Own queue depth costs 0.1 ms per queued request at the tail.
-                    let p999 = 0.43e6 + interference_ns(others_bps) + (s.qd - 1.0) * 0.1e6;
+                    let p999 = (0.43e6
+                        + interference_ns(others_bps, self.knee_scale)
+                        + (s.qd - 1.0) * 0.1e6)
+                        * self.noise(i);
                     let mean = 0.08e6 + p999 / 20.0;
                     let mut iops = s.qd / (mean / 1e9);
                     if let Some(c) = s.limit.riops {
@@ -161,6 +221,13 @@ impl SimDisk {
                     l.mean = Some(mean);
                     l.inflight = iops * mean / 1e9;
                 }
+            } else if running && s.cost_per_byte > 1.0 {
+                l.read_bps = rates[i];
+                l.read_iops = rates[i] / 4096.0;
+                l.mean = Some(0.2e6 * s.qd);
+                l.inflight = s.qd;
+                l.samples = l.read_iops as u64;
+                l.p999 = Some((0.6e6 * s.qd) as u64);
             } else if running {
                 l.write_bps = rates[i];
                 l.write_iops = rates[i] / (1 << 20) as f64;
@@ -262,58 +329,196 @@ mod tests {
             .collect()
     }
 
-    /// Highest static writer cap that keeps the reader within its SLO.
-    fn best_static_mbps(slo_ms: f64) -> f64 {
+    /// The highest static cap (MB/s, 5 MB/s steps) on service `agg` of `make()`'s disk
+    /// under which service 0 violates in at most one cycle in ten from `from` on over
+    /// `cycles`: the best static cap as the benchmark judges it.
+    fn best_static_cap_mbps(make: &dyn Fn() -> SimDisk, agg: usize, from: u64, cycles: u64) -> f64 {
         let mut best = 0.0;
-        for mbps in (10..2400).step_by(5) {
-            let mut d = noisy_pair(slo_ms);
-            d.services[1].limit.wbps = Some((mbps as f64 * MB) as u64);
-            d.cycle = 10;
-            let c = d.step();
-            if !c.services[0].violating() {
+        for mbps in (5..2400).step_by(5) {
+            let mut d = make();
+            let cap = (mbps as f64 * MB) as u64;
+            if d.services[agg].cost_per_byte > 1.0 {
+                d.services[agg].limit.rbps = Some(cap);
+            } else {
+                d.services[agg].limit.wbps = Some(cap);
+            }
+            let mut violating = 0;
+            for _ in 0..cycles {
+                let c = d.step();
+                if c.cycle >= from && c.services[0].violating() {
+                    violating += 1;
+                }
+                d.apply(&[]);
+            }
+            if violating * 10 <= cycles - from {
                 best = mbps as f64;
+            } else {
+                break;
             }
         }
         best
     }
 
-    #[test]
-    fn adaptive_meets_slo_within_three_cycles_and_keeps_the_writer_busy() {
-        let slo = 5.0;
-        let mut disk = noisy_pair(slo);
-        let h = disk.run(&mut Adaptive::default(), 400);
+    /// What the benchmark reports of a steady phase `from..to`: violating cycles of service
+    /// 0, cycles with a limit change, and service `agg`'s mean rate in MB/s.
+    fn steady(h: &[(DeviceCycle, Vec<Decision>)], agg: usize, from: u64, to: u64) -> (usize, usize, f64) {
+        let phase: Vec<_> = h.iter().filter(|(c, _)| (from..to).contains(&c.cycle)).collect();
+        let violations = phase.iter().filter(|(c, _)| c.services[0].violating()).count();
+        let changes = phase.iter().filter(|(_, d)| !d.is_empty()).count();
+        let mean = phase.iter().map(|(c, _)| c.services[agg].bps()).sum::<f64>() / phase.len() as f64 / MB;
+        (violations, changes, mean)
+    }
+
+    /// The targets for one aggressor from cycle 5 on: the SLO met within 3 cycles;
+    /// after 20 cycles of search, at most one violating cycle and one change in ten, and at
+    /// least 90 % of the best static cap's rate.
+    fn assert_finds_the_knee(make: &dyn Fn() -> SimDisk, label: &str) {
+        let mut disk = make();
+        let h = disk.run(&mut Adaptive::default(), 300);
         let v = violating_cycles(&h, "reader");
-        let start = v[0];
-        assert_eq!(start, 5, "the violation starts with the writer");
-        // The cycle of the violation and the transition cycle after the cut may violate.
-        assert!(
-            !v.contains(&(start + 2)),
-            "not under the SLO by cycle {}: {v:?}",
-            start + 2
-        );
-        let late: Vec<_> = v.iter().filter(|&&c| c > start + 2).collect();
-        assert!(late.len() <= 2, "violations after convergence: {late:?}");
-        assert!(
-            v.iter().all(|&c| c < 60),
-            "violations late in the run: {v:?}"
-        );
-        // No oscillation: a confirmed knee is re-probed ever more rarely (after 60, 120,
-        // 240 cycles), so the last 100 cycles change nothing.
-        let changes_late = h[300..].iter().filter(|(_, d)| !d.is_empty()).count();
-        assert_eq!(changes_late, 0, "limit still moving late in the run");
-        let final_cap = disk.services[1].limit.wbps.unwrap() as f64 / MB;
-        // The best static cap here sits exactly at the target with no margin; the policy
-        // deliberately stays out of the top 15 % of the latency target (a real disk's
-        // per-cycle p99.9 straddles it there), which costs about 10 % of the bandwidth.
-        let best = best_static_mbps(slo);
-        assert!(
-            final_cap >= 0.85 * best,
-            "writer cap {final_cap} MB/s < 85 % of best static {best}"
-        );
-        assert!(
-            final_cap <= best,
-            "writer cap {final_cap} above best static {best}"
-        );
+        assert_eq!(v.first(), Some(&5), "{label}: the violation starts with the aggressor");
+        assert!(!v.contains(&7) && !v.contains(&8), "{label}: not under the SLO within 3 cycles: {v:?}");
+        let (violations, changes, mean) = steady(&h, 1, 25, 300);
+        let best = best_static_cap_mbps(make, 1, 7, 300);
+        println!("{label}: steady violations {violations}/275, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s");
+        assert!(violations * 10 <= 275, "{label}: {violations} violating cycles in 275: {v:?}");
+        assert!(changes * 10 <= 275, "{label}: {changes} changes in 275 steady cycles");
+        assert!(mean >= 0.9 * best, "{label}: {mean:.0} MB/s < 90 % of best static {best} MB/s");
+    }
+
+    #[test]
+    fn adaptive_finds_the_knee_of_a_writer_on_a_smooth_and_a_noisy_disk() {
+        for seed in [None, Some(1), Some(2), Some(3)] {
+            let make = || {
+                let mut d = noisy_pair(5.0);
+                d.noise_seed = seed;
+                d
+            };
+            assert_finds_the_knee(&make, &format!("writer, noise {seed:?}"));
+        }
+    }
+
+    #[test]
+    fn adaptive_finds_the_knee_of_a_random_reader() {
+        for seed in [None, Some(4), Some(5)] {
+            let make = || {
+                let mut d = SimDisk::new(vec![
+                    SimService::latency("reader", 5.0, 1.0),
+                    SimService::random_reader("scan", 320.0, 5),
+                ]);
+                d.noise_seed = seed;
+                d
+            };
+            assert_finds_the_knee(&make, &format!("random reader, noise {seed:?}"));
+        }
+    }
+
+    #[test]
+    fn adaptive_lifts_caps_while_an_on_off_aggressor_rests_and_beats_the_best_static_cap() {
+        let make = || {
+            let mut d = noisy_pair(5.0);
+            d.noise_seed = Some(7);
+            d.services[1].on_off = Some((30, 20));
+            d
+        };
+        let mut disk = make();
+        let h = disk.run(&mut Adaptive::default(), 155);
+        for period in 0..3u64 {
+            let on = 5 + period * 50;
+            let off = on + 30;
+            // Lifted within 5 cycles of going quiet.
+            let lifted = (off..off + 5).any(|c| h[c as usize].0.services[1].limit.is_unlimited());
+            assert!(lifted, "cap still on 5 cycles after the aggressor stopped at {off}");
+            // Back within 3 cycles once it returns (the first period searches for the knee).
+            if period > 0 {
+                let late: Vec<u64> = (on + 2..off)
+                    .filter(|&c| h[c as usize].0.services[0].violating())
+                    .collect();
+                assert!(
+                    late.len() * 10 <= (off - on - 2) as usize,
+                    "period {period}: violations after its first cycles: {late:?}"
+                );
+            }
+        }
+        let best = best_static_cap_mbps(&make, 1, 7, 155);
+        let bytes: f64 = h.iter().map(|(c, _)| c.services[1].bps()).sum::<f64>() / MB;
+        let static_bytes = {
+            let mut d = make();
+            d.services[1].limit.wbps = Some((best * MB) as u64);
+            (0..155).map(|_| { let c = d.step(); d.apply(&[]); c.services[1].bps() }).sum::<f64>() / MB
+        };
+        println!("on/off: {bytes:.0} MB written vs {static_bytes:.0} MB under the best static cap {best} MB/s");
+        assert!(bytes > static_bytes, "{bytes:.0} MB <= best static's {static_bytes:.0} MB");
+    }
+
+    #[test]
+    fn adaptive_follows_the_knee_when_the_disk_slows_down_and_speeds_up() {
+        let mut disk = noisy_pair(5.0);
+        disk.noise_seed = Some(11);
+        let mut p = Adaptive::default();
+        let mut h = disk.run(&mut p, 150);
+        disk.knee_scale = 0.6;
+        h.extend(disk.run(&mut p, 150));
+        let scaled = |k: f64| {
+            move || {
+                let mut d = noisy_pair(5.0);
+                d.noise_seed = Some(11);
+                d.knee_scale = k;
+                d
+            }
+        };
+        let (v, _, mean) = steady(&h, 1, 170, 300);
+        let best = best_static_cap_mbps(&scaled(0.6), 1, 7, 150);
+        println!("slower disk: {v} violations in 130, {mean:.0} MB/s vs best static {best}");
+        assert!(v * 10 <= 130, "{v} violations after the knee moved down");
+        assert!(mean >= 0.9 * best, "{mean:.0} MB/s < 90 % of {best}");
+        disk.knee_scale = 1.5;
+        h.extend(disk.run(&mut p, 250));
+        let (v, _, mean) = steady(&h, 1, 450, 550);
+        let best = best_static_cap_mbps(&scaled(1.5), 1, 7, 150);
+        println!("faster disk: {v} violations in 100, {mean:.0} MB/s vs best static {best}");
+        assert!(v * 10 <= 100, "{v} violations after the knee moved up");
+        assert!(mean >= 0.9 * best, "{mean:.0} MB/s < 90 % of {best}: the knee's move up was not found");
+    }
+
+    #[test]
+    fn adaptive_says_when_no_cap_can_meet_an_slo_and_keeps_floors() {
+        // A QD1 reader alone whose target is below what it gets alone: told, nothing cut.
+        let mut disk = SimDisk::new(vec![SimService::latency("reader", 0.3, 1.0)]);
+        let mut p = Adaptive::default();
+        let mut findings = vec![];
+        for _ in 0..20 {
+            let c = disk.step();
+            let d = p.decide(&c);
+            assert!(d.is_empty(), "{d:?}");
+            findings.extend(p.findings());
+            disk.apply(&d);
+        }
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        let Finding::SloInfeasible { cycle, p999_ns, slo_p999_ns, ref reason, ref action, .. } = findings[0];
+        assert_eq!(cycle, u64::from(adaptive::SELF_BLAME_CYCLES) - 1);
+        assert_eq!(slo_p999_ns, Some(300_000));
+        assert!(p999_ns.unwrap() > 300_000);
+        assert!(reason.contains("nobody else"), "{reason}");
+        assert!(action.contains("nothing left"), "{action}");
+        // A writer with a floor above what the target allows: capped at its floor, then
+        // the reader is told.
+        let mut disk = noisy_pair(1.0);
+        disk.services[1].floor = Some(Rate::BytesPerSec(900_000_000));
+        let mut p = Adaptive::default();
+        let mut findings = vec![];
+        for _ in 0..40 {
+            let c = disk.step();
+            let d = p.decide(&c);
+            for x in &d {
+                assert!(x.to.is_none_or(|v| v >= 900_000_000), "{x:?}");
+            }
+            findings.extend(p.findings());
+            disk.apply(&d);
+        }
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        let Finding::SloInfeasible { ref reason, .. } = findings[0];
+        assert!(reason.contains("floor"), "{reason}");
     }
 
     #[test]
@@ -348,14 +553,15 @@ mod tests {
                     "{n} services: {name} still violating 3 cycles after {}: {v:?}",
                     v[0]
                 );
+                let late = v.iter().filter(|&&c| c >= 60).count();
                 assert!(
-                    v.iter().all(|&c| c < 60),
+                    late * 10 <= 340,
                     "{n} services: {name} late violations {v:?}"
                 );
             }
             // Throughput services keep their targets.
             for (c, _) in &h[100..] {
-                for s in &c.services {
+                for s in c.services.iter().filter(|s| s.slo_ns().is_none()) {
                     assert!(
                         !s.violating(),
                         "{n} services: {} violating at {}",
@@ -364,11 +570,9 @@ mod tests {
                     );
                 }
             }
-            // A confirmed knee is re-probed ever more rarely (see the two-service test).
-            assert!(
-                h[300..].iter().all(|(_, d)| d.is_empty()),
-                "{n} services: still changing"
-            );
+            // Once the knee is found, at most one change in ten cycles (re-probes).
+            let changes = h[60..].iter().filter(|(_, d)| !d.is_empty()).count();
+            assert!(changes * 10 <= 340, "{n} services: {changes} changes in 340 cycles");
         }
     }
 

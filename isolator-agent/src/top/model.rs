@@ -426,6 +426,27 @@ impl Model {
                 );
                 self.push_action(a);
             }
+            Event::SloInfeasible(f) => {
+                let ms = |ns: Option<u64>| ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6));
+                let text = format!(
+                    "{} cannot meet its SLO on {}: p99.9 {} over {}, others at {:.0} MB/s; {} ({})",
+                    f.service,
+                    f.dev,
+                    ms(f.p999_ns),
+                    ms(f.slo_p999_ns),
+                    f.others_bps / 1e6,
+                    f.reason,
+                    f.action
+                );
+                let a = action(
+                    ActionKind::Warning,
+                    Some(f.cycle),
+                    Some(f.service.clone()),
+                    vec![],
+                    text,
+                );
+                self.push_action(a);
+            }
             Event::LabelSlo(l) => {
                 if l.outcome == "released" {
                     if let Some(s) = &l.service {
