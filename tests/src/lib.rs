@@ -587,6 +587,8 @@ pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
 /// floor).
 pub mod vm;
 
+pub mod scenario;
+
 pub mod noisy {
     use super::*;
 
@@ -656,7 +658,7 @@ pub mod noisy {
 
     /// The reader, with fio logging every I/O's completion latency to `{prefix}_clat.1.log`
     /// (lines `time_ms, latency_ns, direction, bs, offset`).
-    fn reader(file: &Path, runtime_s: u64, prefix: &Path) -> String {
+    pub fn reader(file: &Path, runtime_s: u64, prefix: &Path) -> String {
         format!(
             "fio --name=r --filename={} --rw=randread --bs=4k --direct=1 --ioengine=psync \
              --time_based --runtime={runtime_s} --output=/dev/null \
@@ -728,7 +730,7 @@ pub mod noisy {
         }
     }
 
-    fn writer(file: &Path, runtime_s: u64) -> String {
+    pub fn writer(file: &Path, runtime_s: u64) -> String {
         format!(
             "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \
              --iodepth=32 --time_based --runtime={runtime_s} --output=/dev/null",

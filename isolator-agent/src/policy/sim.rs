@@ -361,11 +361,27 @@ mod tests {
 
     /// What the benchmark reports of a steady phase `from..to`: violating cycles of service
     /// 0, cycles with a limit change, and service `agg`'s mean rate in MB/s.
-    fn steady(h: &[(DeviceCycle, Vec<Decision>)], agg: usize, from: u64, to: u64) -> (usize, usize, f64) {
-        let phase: Vec<_> = h.iter().filter(|(c, _)| (from..to).contains(&c.cycle)).collect();
-        let violations = phase.iter().filter(|(c, _)| c.services[0].violating()).count();
+    fn steady(
+        h: &[(DeviceCycle, Vec<Decision>)],
+        agg: usize,
+        from: u64,
+        to: u64,
+    ) -> (usize, usize, f64) {
+        let phase: Vec<_> = h
+            .iter()
+            .filter(|(c, _)| (from..to).contains(&c.cycle))
+            .collect();
+        let violations = phase
+            .iter()
+            .filter(|(c, _)| c.services[0].violating())
+            .count();
         let changes = phase.iter().filter(|(_, d)| !d.is_empty()).count();
-        let mean = phase.iter().map(|(c, _)| c.services[agg].bps()).sum::<f64>() / phase.len() as f64 / MB;
+        let mean = phase
+            .iter()
+            .map(|(c, _)| c.services[agg].bps())
+            .sum::<f64>()
+            / phase.len() as f64
+            / MB;
         (violations, changes, mean)
     }
 
@@ -376,14 +392,30 @@ mod tests {
         let mut disk = make();
         let h = disk.run(&mut Adaptive::default(), 300);
         let v = violating_cycles(&h, "reader");
-        assert_eq!(v.first(), Some(&5), "{label}: the violation starts with the aggressor");
-        assert!(!v.contains(&7) && !v.contains(&8), "{label}: not under the SLO within 3 cycles: {v:?}");
+        assert_eq!(
+            v.first(),
+            Some(&5),
+            "{label}: the violation starts with the aggressor"
+        );
+        assert!(
+            !v.contains(&7) && !v.contains(&8),
+            "{label}: not under the SLO within 3 cycles: {v:?}"
+        );
         let (violations, changes, mean) = steady(&h, 1, 25, 300);
         let best = best_static_cap_mbps(make, 1, 7, 300);
         println!("{label}: steady violations {violations}/275, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s");
-        assert!(violations * 10 <= 275, "{label}: {violations} violating cycles in 275: {v:?}");
-        assert!(changes * 10 <= 275, "{label}: {changes} changes in 275 steady cycles");
-        assert!(mean >= 0.9 * best, "{label}: {mean:.0} MB/s < 90 % of best static {best} MB/s");
+        assert!(
+            violations * 10 <= 275,
+            "{label}: {violations} violating cycles in 275: {v:?}"
+        );
+        assert!(
+            changes * 10 <= 275,
+            "{label}: {changes} changes in 275 steady cycles"
+        );
+        assert!(
+            mean >= 0.9 * best,
+            "{label}: {mean:.0} MB/s < 90 % of best static {best} MB/s"
+        );
     }
 
     #[test]
@@ -428,7 +460,10 @@ mod tests {
             let off = on + 30;
             // Lifted within 5 cycles of going quiet.
             let lifted = (off..off + 5).any(|c| h[c as usize].0.services[1].limit.is_unlimited());
-            assert!(lifted, "cap still on 5 cycles after the aggressor stopped at {off}");
+            assert!(
+                lifted,
+                "cap still on 5 cycles after the aggressor stopped at {off}"
+            );
             // Back within 3 cycles once it returns (the first period searches for the knee).
             if period > 0 {
                 let late: Vec<u64> = (on + 2..off)
@@ -445,10 +480,20 @@ mod tests {
         let static_bytes = {
             let mut d = make();
             d.services[1].limit.wbps = Some((best * MB) as u64);
-            (0..155).map(|_| { let c = d.step(); d.apply(&[]); c.services[1].bps() }).sum::<f64>() / MB
+            (0..155)
+                .map(|_| {
+                    let c = d.step();
+                    d.apply(&[]);
+                    c.services[1].bps()
+                })
+                .sum::<f64>()
+                / MB
         };
         println!("on/off: {bytes:.0} MB written vs {static_bytes:.0} MB under the best static cap {best} MB/s");
-        assert!(bytes > static_bytes, "{bytes:.0} MB <= best static's {static_bytes:.0} MB");
+        assert!(
+            bytes > static_bytes,
+            "{bytes:.0} MB <= best static's {static_bytes:.0} MB"
+        );
     }
 
     #[test]
@@ -478,7 +523,41 @@ mod tests {
         let best = best_static_cap_mbps(&scaled(1.5), 1, 7, 150);
         println!("faster disk: {v} violations in 100, {mean:.0} MB/s vs best static {best}");
         assert!(v * 10 <= 100, "{v} violations after the knee moved up");
-        assert!(mean >= 0.9 * best, "{mean:.0} MB/s < 90 % of {best}: the knee's move up was not found");
+        assert!(
+            mean >= 0.9 * best,
+            "{mean:.0} MB/s < 90 % of {best}: the knee's move up was not found"
+        );
+    }
+
+    #[test]
+    fn adaptive_keeps_a_settled_cap_through_one_violating_cycle_in_ten_and_cuts_at_two() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        // One slow cycle of the disk (p99.9 over the target, under twice it): the cap holds.
+        disk.knee_scale = 0.85;
+        let h = disk.run(&mut p, 1);
+        assert!(h[0].0.services[0].violating());
+        assert!(
+            h[0].1.is_empty(),
+            "one violating cycle moved the cap: {:?}",
+            h[0].1
+        );
+        disk.knee_scale = 1.0;
+        let h = disk.run(&mut p, 4);
+        assert!(h.iter().all(|(_, d)| d.is_empty()));
+        // A second one within ten cycles: a gentle cut (70-90 %).
+        disk.knee_scale = 0.85;
+        let h = disk.run(&mut p, 1);
+        let d = &h[0].1;
+        assert_eq!(d.len(), 1, "{d:?}");
+        let to = d[0].to.unwrap() as f64;
+        assert!(
+            (0.7..=0.9).contains(&(to / cap as f64)),
+            "cut {cap} -> {to}"
+        );
+        assert!(d[0].reason.contains("twice"), "{}", d[0].reason);
     }
 
     #[test]
@@ -495,7 +574,14 @@ mod tests {
             disk.apply(&d);
         }
         assert_eq!(findings.len(), 1, "{findings:?}");
-        let Finding::SloInfeasible { cycle, p999_ns, slo_p999_ns, ref reason, ref action, .. } = findings[0];
+        let Finding::SloInfeasible {
+            cycle,
+            p999_ns,
+            slo_p999_ns,
+            ref reason,
+            ref action,
+            ..
+        } = findings[0];
         assert_eq!(cycle, u64::from(adaptive::SELF_BLAME_CYCLES) - 1);
         assert_eq!(slo_p999_ns, Some(300_000));
         assert!(p999_ns.unwrap() > 300_000);
@@ -572,7 +658,10 @@ mod tests {
             }
             // Once the knee is found, at most one change in ten cycles (re-probes).
             let changes = h[60..].iter().filter(|(_, d)| !d.is_empty()).count();
-            assert!(changes * 10 <= 340, "{n} services: {changes} changes in 340 cycles");
+            assert!(
+                changes * 10 <= 340,
+                "{n} services: {changes} changes in 340 cycles"
+            );
         }
     }
 

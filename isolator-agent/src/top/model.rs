@@ -427,7 +427,9 @@ impl Model {
                 self.push_action(a);
             }
             Event::SloInfeasible(f) => {
-                let ms = |ns: Option<u64>| ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6));
+                let ms = |ns: Option<u64>| {
+                    ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6))
+                };
                 let text = format!(
                     "{} cannot meet its SLO on {}: p99.9 {} over {}, others at {:.0} MB/s; {} ({})",
                     f.service,

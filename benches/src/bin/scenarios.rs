@@ -1,0 +1,284 @@
+//! Control scenario suite (root): each scenario (see `isolator_tests::scenario`) run with no
+//! control, under a sweep of static caps on the aggressor, and under each policy, all in one
+//! run, modes alternated between repeats (the disk drifts within minutes). Prints a
+//! markdown report with the medians over the repeats and resctl-bench's metrics: isolation
+//! (share of steady cycles within the SLO), latency impact (reader p99.9 over its p99.9
+//! alone) and work conservation (aggressor rate over the best static cap's, found per
+//! repeat).
+//!
+//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off]
+//!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
+//!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--seconds 40]
+//!     [--events-dir DIR]
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use isolator_tests::{
+    disk_of,
+    scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
+    Scratch,
+};
+
+const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("scenarios: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
+    v.split(',')
+        .map(|x| {
+            x.parse::<T>()
+                .ok()
+                .with_context(|| format!("{what}: {x:?}"))
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| !x.is_nan());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn run() -> Result<()> {
+    let mut names = vec![
+        "writer".to_string(),
+        "random-reader".into(),
+        "on-off".into(),
+    ];
+    let mut runs = 3u32;
+    let mut slo_ms: Option<u64> = None;
+    let mut seconds = 40u64;
+    let mut modes: Vec<String> = ["none", "static", "adaptive"].map(String::from).to_vec();
+    let mut writer_caps: Vec<u64> = vec![200, 300, 400, 500, 600];
+    let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
+    let mut events_dir: Option<std::path::PathBuf> = None;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().context("missing value");
+        match a.as_str() {
+            "--scenarios" => names = list(val()?, "--scenarios")?,
+            "--runs" => runs = val()?.parse().context("--runs: a number")?,
+            "--slo-ms" => slo_ms = Some(val()?.parse().context("--slo-ms: a number")?),
+            "--seconds" => seconds = val()?.parse().context("--seconds: a number")?,
+            "--modes" => modes = list(val()?, "--modes")?,
+            "--writer-caps" => writer_caps = list(val()?, "--writer-caps: MB/s values")?,
+            "--scan-caps" => scan_caps = list(val()?, "--scan-caps: MB/s values")?,
+            "--events-dir" => events_dir = Some(val()?.into()),
+            _ => bail!(
+                "usage: scenarios [--scenarios writer,random-reader,on-off] [--runs N] [--slo-ms N] \
+                 [--seconds N] [--modes none,static,{}] [--writer-caps ..] [--scan-caps ..] [--events-dir DIR]",
+                POLICIES.join(",")
+            ),
+        }
+    }
+    for m in &modes {
+        if m != "none" && m != "static" && !POLICIES.contains(&m.as_str()) {
+            bail!("--modes: unknown mode {m}; use none, static or a policy name");
+        }
+    }
+    let scenarios: Vec<(String, Scenario, Vec<u64>)> = names
+        .iter()
+        .map(|n| {
+            // The SLO each aggressor breaks here by default (the random reader's p99.9 cost is
+            // smaller than the writer's).
+            let (aggressor, on_s, off_s, times, caps, slo) = match n.as_str() {
+                "writer" => (Aggressor::Writer, seconds, 0, 1, &writer_caps, 5),
+                "random-reader" => (Aggressor::RandomReader, seconds, 0, 1, &scan_caps, 3),
+                "on-off" => (Aggressor::Writer, 30, 20, 3, &writer_caps, 5),
+                _ => {
+                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader or on-off")
+                }
+            };
+            let s = Scenario {
+                aggressor,
+                slo_ms: slo_ms.unwrap_or(slo),
+                solo_s: 5,
+                on_s,
+                off_s,
+                times,
+            };
+            Ok((n.clone(), s, caps.clone()))
+        })
+        .collect::<Result<_>>()?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark loads eBPF and writes cgroup limits: run it as root");
+    }
+    scenario::require_fio().map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &events_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let scratch = Scratch::new();
+    let files = Files::new(&scratch);
+    let dev = disk_of(&scratch.dir);
+    // (scenario, mode label) -> one outcome per repeat.
+    let mut results: BTreeMap<(usize, String), Vec<Outcome>> = BTreeMap::new();
+    let mut best: BTreeMap<usize, Vec<Option<Outcome>>> = BTreeMap::new();
+    for r in 0..runs {
+        for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
+            let mut ms: Vec<Mode> = vec![];
+            for m in &modes {
+                match m.as_str() {
+                    "none" => ms.push(Mode::None),
+                    "static" => ms.extend(caps.iter().map(|&c| Mode::Static(c))),
+                    p => ms.push(Mode::Policy(p.into())),
+                }
+            }
+            // Alternate the order between repeats: a drift of the disk within a repeat
+            // does not always favour the same modes.
+            if r % 2 == 1 {
+                ms.reverse();
+            }
+            let mut outs = vec![];
+            for m in ms {
+                eprintln!("run {} {name}: {}", r + 1, m.label());
+                let o =
+                    scenario::run(&scratch, &files, &dev, sc, &m).map_err(anyhow::Error::msg)?;
+                eprintln!(
+                    "  {}/{} violating, fio p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
+                    o.steady_violations,
+                    o.steady_cycles,
+                    o.steady_fio_p999_ms,
+                    o.aggressor_steady_mbps,
+                    o.steady_changes
+                );
+                if let Some(dir) = &events_dir {
+                    let f = dir.join(format!(
+                        "{name}-{}-run{}.ndjson",
+                        m.label().replace([' ', '/'], "-"),
+                        r + 1
+                    ));
+                    let text: String = o.events.iter().map(|e| format!("{e}\n")).collect();
+                    std::fs::write(&f, text).with_context(|| format!("writing {}", f.display()))?;
+                }
+                outs.push(o);
+            }
+            let b = outs
+                .iter()
+                .filter(|o| matches!(o.mode, Mode::Static(_)) && o.keeps_slo())
+                .max_by(|a, b| a.aggressor_steady_mbps.total_cmp(&b.aggressor_steady_mbps))
+                .cloned();
+            best.entry(si).or_default().push(b);
+            for o in outs {
+                results.entry((si, o.mode.label())).or_default().push(o);
+            }
+        }
+    }
+    report(&scenarios, &results, &best, &dev, runs);
+    Ok(())
+}
+
+fn report(
+    scenarios: &[(String, Scenario, Vec<u64>)],
+    results: &BTreeMap<(usize, String), Vec<Outcome>>,
+    best: &BTreeMap<usize, Vec<Option<Outcome>>>,
+    dev: &str,
+    runs: u32,
+) {
+    println!(
+        "Disk {dev}; reader: 4 KiB QD1 random reads, SLO p99.9; 1 s cycles; steady = from the \
+         {}th full cycle of each aggressor phase; medians of {runs} repeat(s).",
+        scenario::STEADY_AFTER_CYCLES + 1
+    );
+    for (si, (name, sc, _)) in scenarios.iter().enumerate() {
+        let bests = &best[&si];
+        let best_labels: Vec<String> = bests
+            .iter()
+            .map(|b| b.as_ref().map_or("none".into(), |b| b.mode.label()))
+            .collect();
+        println!();
+        println!(
+            "### {name}: {} for {} s{}, SLO {} ms; best static per repeat: {}",
+            sc.aggressor.name(),
+            sc.on_s,
+            if sc.times > 1 {
+                format!(", resting {} s, {} times", sc.off_s, sc.times)
+            } else {
+                String::new()
+            },
+            sc.slo_ms,
+            best_labels.join(", ")
+        );
+        println!();
+        println!("| mode | reader p99.9 per cycle, ms (repeat 1) | cycles to SLO | steady violations | steady p99.9 by fio | aggressor MB/s steady | aggressor MB total | cap changes in steady | isolation | latency impact | work conservation (share of best static) |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        let mut labels: Vec<&String> = results
+            .keys()
+            .filter(|(s, _)| *s == si)
+            .map(|(_, l)| l)
+            .collect();
+        labels.sort_by_key(|l| (!l.starts_with("no"), !l.starts_with("static"), l.len(), *l));
+        for label in labels {
+            let outs = &results[&(si, label.clone())];
+            let med = |f: &dyn Fn(&Outcome) -> f64| median(outs.iter().map(f).collect());
+            let share: Vec<f64> = outs
+                .iter()
+                .zip(bests)
+                .map(|(o, b)| {
+                    b.as_ref().map_or(f64::NAN, |b| {
+                        if sc.times > 1 {
+                            o.aggressor_total_mb / b.aggressor_total_mb
+                        } else {
+                            o.aggressor_steady_mbps / b.aggressor_steady_mbps
+                        }
+                    })
+                })
+                .collect();
+            let per_cycle: Vec<String> =
+                outs[0].p999_ms.iter().map(|v| format!("{v:.1}")).collect();
+            let to_slo: Vec<String> = outs
+                .iter()
+                .map(|o| {
+                    o.cycles_to_slo
+                        .iter()
+                        .map(|c| c.map_or("never".into(), |c| c.to_string()))
+                        .collect::<Vec<_>>()
+                        .join("/")
+                })
+                .collect();
+            println!(
+                "| {label} | {} | {} | {:.0}/{:.0} | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2} | {} |",
+                per_cycle.join(" "),
+                to_slo.join(", "),
+                med(&|o| o.steady_violations as f64),
+                med(&|o| o.steady_cycles as f64),
+                med(&|o| o.steady_fio_p999_ms),
+                med(&|o| o.aggressor_steady_mbps),
+                med(&|o| o.aggressor_total_mb),
+                med(&|o| o.steady_changes as f64),
+                100.0 * med(&|o| o.isolation()),
+                med(&|o| o.latency_impact()),
+                if share.iter().all(|s| s.is_nan()) {
+                    "-".to_string()
+                } else {
+                    format!("{:.0} %", 100.0 * median(share))
+                }
+            );
+        }
+        if sc.times > 1 {
+            for label in ["adaptive"] {
+                if let Some(outs) = results.get(&(si, label.to_string())) {
+                    let lifts: Vec<String> = outs
+                        .iter()
+                        .map(|o| format!("{:?}", o.cycles_to_lift))
+                        .collect();
+                    println!();
+                    println!("{label}: cycles from the aggressor going quiet to no cap left, per rest and repeat: {}", lifts.join(", "));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! Control scenarios on the real disk, shared by the control tests and the `scenarios`
+//! benchmark: a 4 KiB QD1 random reader (`db`, latency SLO) runs alone for a few seconds,
+//! then an aggressor (`backup`, best-effort) joins it; the run is made with no control,
+//! under a static cap on the aggressor, or under a policy, and measured the same way in
+//! every mode: per cycle from the agent's `service_stats`, and as the reader saw it from
+//! fio's own per-I/O log.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{make_file, noisy, Agent, Scratch, TestCgroup};
+
+/// The aggressor of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggressor {
+    /// 1 MiB QD32 O_DIRECT sequential writes (a backup): bandwidth hurts.
+    Writer,
+    /// 4 KiB QD64 O_DIRECT random reads (a scan): IOPS, not bandwidth, hurts.
+    RandomReader,
+}
+
+impl Aggressor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggressor::Writer => "writer",
+            Aggressor::RandomReader => "random-reader",
+        }
+    }
+
+    fn command(self, file: &Path, runtime_s: u64) -> String {
+        match self {
+            Aggressor::Writer => noisy::writer(file, runtime_s),
+            // On one CPU of the two: at 80k IOPS its submissions and completions take a
+            // whole CPU, and on a shared one the reader would wait for the scheduler, not the
+            // disk (a host of 64+ CPUs keeps them apart).
+            Aggressor::RandomReader => format!(
+                "taskset -c 1 fio --name=scan --filename={} --rw=randread --bs=4k --direct=1 \
+                 --ioengine=libaio --iodepth=64 --time_based --runtime={runtime_s} \
+                 --output=/dev/null",
+                file.display()
+            ),
+        }
+    }
+
+    /// The v1 throttle file and the v2 io.max key of the direction it uses.
+    fn knob(self) -> (&'static str, &'static str) {
+        match self {
+            Aggressor::Writer => ("blkio.throttle.write_bps_device", "wbps"),
+            Aggressor::RandomReader => ("blkio.throttle.read_bps_device", "rbps"),
+        }
+    }
+
+    /// Its MB/s in one `service_stats` record.
+    fn mbps(self, e: &Value) -> f64 {
+        let key = match self {
+            Aggressor::Writer => "write_mbps",
+            Aggressor::RandomReader => "read_mbps",
+        };
+        e[key].as_f64().unwrap_or(0.0)
+    }
+}
+
+/// One scenario: the aggressor, the reader's SLO, and when the aggressor runs.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub aggressor: Aggressor,
+    pub slo_ms: u64,
+    /// The reader alone first, this long.
+    pub solo_s: u64,
+    /// The aggressor runs `on_s`, rests `off_s`, `times` times.
+    pub on_s: u64,
+    pub off_s: u64,
+    pub times: u32,
+}
+
+/// Full cycles after the aggressor starts (each time it starts) before its phase counts as
+/// steady: the search for the knee gets them.
+pub const STEADY_AFTER_CYCLES: u64 = 10;
+
+/// How a run is controlled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// The agent observes (`--dry-run`), nothing is limited.
+    None,
+    /// The aggressor capped at this many MB/s by hand, for the whole run.
+    Static(u64),
+    /// A policy writes limits.
+    Policy(String),
+}
+
+impl Mode {
+    pub fn label(&self) -> String {
+        match self {
+            Mode::None => "no control".into(),
+            Mode::Static(m) => format!("static {m} MB/s"),
+            Mode::Policy(p) => p.clone(),
+        }
+    }
+}
+
+/// The files a scenario reads and writes, made once for all its runs.
+pub struct Files {
+    reader: PathBuf,
+    writer: PathBuf,
+    scan: PathBuf,
+}
+
+impl Files {
+    pub fn new(scratch: &Scratch) -> Files {
+        let (reader, writer) = noisy::files(scratch);
+        let scan = scratch.path("scan.dat");
+        make_file(&scan, 1 << 30);
+        noisy::wait_for_settled_disk(&reader);
+        Files {
+            reader,
+            writer,
+            scan,
+        }
+    }
+
+    /// The reader's file.
+    pub fn reader_file(&self) -> &Path {
+        &self.reader
+    }
+
+    fn aggressor(&self, a: Aggressor) -> &Path {
+        match a {
+            Aggressor::Writer => &self.writer,
+            Aggressor::RandomReader => &self.scan,
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub mode: Mode,
+    pub slo_ms: u64,
+    /// Reader p99.9 of each cycle from the aggressor's first to its last, ms.
+    pub p999_ms: Vec<f64>,
+    /// Per aggressor phase: cycles from its first cycle to the first within the SLO.
+    pub cycles_to_slo: Vec<Option<u64>>,
+    /// Per rest between phases: cycles from its first quiet cycle until no cap was left
+    /// on the aggressor (None: a cap stayed through the rest).
+    pub cycles_to_lift: Vec<Option<u64>>,
+    pub steady_cycles: usize,
+    pub steady_violations: usize,
+    /// Decisions on the aggressor in the steady cycles.
+    pub steady_changes: usize,
+    /// p99.9 of the reader's I/Os, from fio's log: alone, and in the steady phases.
+    pub solo_p999_ms: f64,
+    pub steady_fio_p999_ms: f64,
+    /// The aggressor's mean MB/s over the steady cycles, and its MB over the whole run.
+    pub aggressor_steady_mbps: f64,
+    pub aggressor_total_mb: f64,
+    /// The agent's event stream of the run.
+    pub events: Vec<Value>,
+}
+
+impl Outcome {
+    /// Whether the reader kept its SLO in the steady phases: fio's p99.9 within it, and
+    /// at most one violating cycle in ten.
+    pub fn keeps_slo(&self) -> bool {
+        self.steady_cycles > 0
+            && self.steady_fio_p999_ms <= self.slo_ms as f64
+            && self.steady_violations * 10 <= self.steady_cycles
+    }
+    /// resctl-bench's isolation: the share of steady cycles within the SLO.
+    pub fn isolation(&self) -> f64 {
+        1.0 - self.steady_violations as f64 / self.steady_cycles.max(1) as f64
+    }
+    /// resctl-bench's latency impact: the reader's p99.9 over its p99.9 alone.
+    pub fn latency_impact(&self) -> f64 {
+        self.steady_fio_p999_ms / self.solo_p999_ms
+    }
+}
+
+/// Writes (or with 0 removes) the aggressor's bandwidth cap on `dev`.
+fn set_cap(cg: &TestCgroup, a: Aggressor, dev: &str, bytes_per_s: u64) -> Result<(), String> {
+    let (v1, v2) = a.knob();
+    let (file, line) = if cg.v2 {
+        let v = if bytes_per_s == 0 {
+            "max".to_string()
+        } else {
+            bytes_per_s.to_string()
+        };
+        ("io.max", format!("{dev} {v2}={v}"))
+    } else {
+        (v1, format!("{dev} {bytes_per_s}"))
+    };
+    let path = cg.dir.join(file);
+    std::fs::write(&path, line).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// The reader's fio log: (ms after it started, latency ns).
+fn read_lat_log(prefix: &Path) -> Result<Vec<(u64, u64)>, String> {
+    let path = format!("{}_clat.1.log", prefix.display());
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(',').map(str::trim);
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect())
+}
+
+fn p999_ms(mut lat: Vec<u64>) -> f64 {
+    if lat.is_empty() {
+        return f64::NAN;
+    }
+    lat.sort_unstable();
+    let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
+    lat[idx] as f64 / 1e6
+}
+
+/// Runs `scenario` once in `mode` (an agent of its own, cgroups of its own), on `dev`.
+pub fn run(
+    scratch: &Scratch,
+    files: &Files,
+    dev: &str,
+    scenario: &Scenario,
+    mode: &Mode,
+) -> Result<Outcome, String> {
+    let db = TestCgroup::new("iso-sc-db");
+    let backup = TestCgroup::new("iso-sc-backup");
+    let config = scratch.path("scenario.toml");
+    std::fs::write(&config, noisy::config(&db, &backup, scenario.slo_ms))
+        .map_err(|e| format!("{}: {e}", config.display()))?;
+    let a = scenario.aggressor;
+    if let Mode::Static(mbps) = mode {
+        set_cap(&backup, a, dev, mbps * 1_000_000)?;
+    }
+    let journal = scratch.path("journal");
+    let mut args = vec!["--policy".to_string()];
+    match mode {
+        Mode::Policy(p) => args.push(p.clone()),
+        _ => args.extend(["adaptive".into(), "--dry-run".into()]),
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start_controlling(&config, &journal, &args);
+    let lat_log = scratch.path("reader");
+    let on_total = scenario.on_s * u64::from(scenario.times)
+        + scenario.off_s * u64::from(scenario.times.saturating_sub(1));
+    let t0 = Instant::now();
+    let mut reader = db.spawn(&noisy::reader(
+        &files.reader,
+        scenario.solo_s + on_total + 2,
+        &lat_log,
+    ));
+    std::thread::sleep(Duration::from_secs(scenario.solo_s));
+    let mut phases_ms = vec![];
+    let mut aggressor_ok = true;
+    for i in 0..scenario.times {
+        if i > 0 {
+            std::thread::sleep(Duration::from_secs(scenario.off_s));
+        }
+        let start = t0.elapsed().as_millis() as u64;
+        let mut child = backup.spawn(&a.command(files.aggressor(a), scenario.on_s));
+        aggressor_ok &= child.wait().is_ok_and(|s| s.success());
+        phases_ms.push((start, t0.elapsed().as_millis() as u64));
+    }
+    let reader_ok = reader.wait().is_ok_and(|s| s.success());
+    agent.wait_cycles(1);
+    let (status, stderr) = agent.stop();
+    if let Mode::Static(_) = mode {
+        set_cap(&backup, a, dev, 0)?;
+    }
+    if !aggressor_ok || !reader_ok {
+        return Err(format!("{}: fio failed", mode.label()));
+    }
+    if !status.success() {
+        return Err(format!("{}: agent failed: {stderr}", mode.label()));
+    }
+    let events = agent.events();
+    let lat = read_lat_log(&lat_log)?;
+    let solo_from_ms = 2000; // fio's first second is its start-up
+    let solo = lat
+        .iter()
+        .filter(|(t, _)| (solo_from_ms..phases_ms[0].0).contains(t))
+        .map(|&(_, v)| v)
+        .collect();
+    let steady_fio = lat
+        .iter()
+        .filter(|(t, _)| {
+            phases_ms
+                .iter()
+                .any(|&(s, e)| (s + (STEADY_AFTER_CYCLES + 1) * 1000..e).contains(t))
+        })
+        .map(|&(_, v)| v)
+        .collect();
+    let mut o = outcome(mode.clone(), scenario, &events);
+    o.solo_p999_ms = p999_ms(solo);
+    o.steady_fio_p999_ms = p999_ms(steady_fio);
+    Ok(o)
+}
+
+/// The per-cycle verdict from the agent's own records.
+fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
+    let a = scenario.aggressor;
+    let stats = |name: &str| noisy::service_stats(events, name);
+    let cycle = |e: &Value| e["cycle"].as_u64().unwrap_or(0);
+    let (db, backup) = (stats("db"), stats("backup"));
+    let busy: Vec<u64> = backup
+        .iter()
+        .filter(|e| a.mbps(e) > 1.0)
+        .map(|e| cycle(e))
+        .collect();
+    // The aggressor's phases as the agent saw them: runs of cycles with its I/O.
+    let mut phases: Vec<(u64, u64)> = vec![];
+    for c in busy {
+        match phases.last_mut() {
+            Some((_, last)) if c <= *last + 2 => *last = c,
+            _ => phases.push((c, c)),
+        }
+    }
+    let db_at = |c: u64| db.iter().find(|e| cycle(e) == c);
+    let violating = |c: u64| db_at(c).is_some_and(|e| e["state"] == "violating");
+    let p999 = |e: &Value| e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6;
+    let (first, last) = (
+        phases.first().map_or(0, |p| p.0),
+        phases.last().map_or(0, |p| p.1),
+    );
+    // Full cycles only: a phase's first and last cycles are partial.
+    let steady: Vec<u64> = phases
+        .iter()
+        .flat_map(|&(s, e)| s + 1 + STEADY_AFTER_CYCLES..e)
+        .collect();
+    let decision_cycles: Vec<u64> = events
+        .iter()
+        .filter(|e| e["type"] == "decision" && e["service"] == "backup")
+        .map(&cycle)
+        .collect();
+    // Whether the agent recorded the aggressor without any limit in cycle c (a cycle
+    // without its record says nothing).
+    let unlimited_at = |c: u64| {
+        backup.iter().find(|e| cycle(e) == c).is_some_and(|e| {
+            e["limit"]
+                .as_object()
+                .is_some_and(|m| m.values().all(Value::is_null))
+        })
+    };
+    let rate_at = |c: u64| {
+        backup
+            .iter()
+            .find(|e| cycle(e) == c)
+            .map_or(0.0, |e| a.mbps(e))
+    };
+    Outcome {
+        slo_ms: scenario.slo_ms,
+        p999_ms: (first..=last).filter_map(db_at).map(|e| p999(e)).collect(),
+        cycles_to_slo: phases
+            .iter()
+            .map(|&(s, e)| (s..=e).find(|&c| !violating(c)).map(|c| c - s))
+            .collect(),
+        cycles_to_lift: phases
+            .windows(2)
+            .map(|w| {
+                let (quiet, back) = (w[0].1 + 1, w[1].0);
+                (quiet..back).find(|&c| unlimited_at(c)).map(|c| c - quiet)
+            })
+            .collect(),
+        steady_cycles: steady.len(),
+        steady_violations: steady.iter().filter(|&&c| violating(c)).count(),
+        steady_changes: steady
+            .iter()
+            .filter(|c| decision_cycles.contains(c))
+            .count(),
+        solo_p999_ms: f64::NAN,
+        steady_fio_p999_ms: f64::NAN,
+        aggressor_steady_mbps: steady.iter().map(|&c| rate_at(c)).sum::<f64>()
+            / steady.len().max(1) as f64,
+        aggressor_total_mb: (first..=last).map(rate_at).sum(),
+        events: events.to_vec(),
+        mode,
+    }
+}
+
+/// The whole per-cycle table of a run, for a test's output.
+pub fn print_cycles(o: &Outcome) {
+    let stats = |name: &str| noisy::service_stats(&o.events, name);
+    let (db, backup) = (stats("db"), stats("backup"));
+    for e in &db {
+        let b = backup.iter().find(|b| b["cycle"] == e["cycle"]);
+        println!(
+            "cycle {} db {} p999 {:.2} ms | backup {:.0}/{:.0} MB/s r/w limit {}",
+            e["cycle"],
+            e["state"],
+            e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6,
+            b.map_or(0.0, |b| b["read_mbps"].as_f64().unwrap_or(0.0)),
+            b.map_or(0.0, |b| b["write_mbps"].as_f64().unwrap_or(0.0)),
+            b.map_or(Value::Null, |b| b["limit"].clone()),
+        );
+    }
+    println!(
+        "{}: steady {}/{} violating, {} changes, fio p99.9 {:.2} ms (solo {:.2}), aggressor {:.0} MB/s steady, {:.0} MB total, to SLO {:?}, to lift {:?}",
+        o.mode.label(),
+        o.steady_violations,
+        o.steady_cycles,
+        o.steady_changes,
+        o.steady_fio_p999_ms,
+        o.solo_p999_ms,
+        o.aggressor_steady_mbps,
+        o.aggressor_total_mb,
+        o.cycles_to_slo,
+        o.cycles_to_lift
+    );
+}
+
+/// Whether `fio` runs here (the scenarios need it).
+pub fn require_fio() -> Result<(), String> {
+    let ok = Command::new("sh")
+        .args(["-c", "command -v fio"])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    if ok {
+        Ok(())
+    } else {
+        Err("fio not found: run scripts/bootstrap.sh".into())
+    }
+}
