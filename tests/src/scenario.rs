@@ -107,15 +107,20 @@ impl Mode {
 pub struct Files {
     reader: PathBuf,
     writer: PathBuf,
-    scan: PathBuf,
+    scan: Option<PathBuf>,
 }
 
 impl Files {
-    pub fn new(scratch: &Scratch) -> Files {
+    /// The reader's and the writer's files, and the scan's if `scan` (1 GiB more to write,
+    /// and the disk to settle after it).
+    pub fn new(scratch: &Scratch, scan: bool) -> Files {
         let (reader, writer) = noisy::files(scratch);
-        let scan = scratch.path("scan.dat");
-        make_file(&scan, 1 << 30);
-        noisy::wait_for_settled_disk(&reader);
+        let scan = scan.then(|| {
+            let f = scratch.path("scan.dat");
+            make_file(&f, 1 << 30);
+            noisy::wait_for_settled_disk(&reader);
+            f
+        });
         Files {
             reader,
             writer,
@@ -128,10 +133,13 @@ impl Files {
         &self.reader
     }
 
-    fn aggressor(&self, a: Aggressor) -> &Path {
+    fn aggressor(&self, a: Aggressor) -> Result<&Path, String> {
         match a {
-            Aggressor::Writer => &self.writer,
-            Aggressor::RandomReader => &self.scan,
+            Aggressor::Writer => Ok(&self.writer),
+            Aggressor::RandomReader => self
+                .scan
+                .as_deref()
+                .ok_or_else(|| "the random-read scenario needs Files::new(.., true)".into()),
         }
     }
 }
@@ -219,8 +227,40 @@ fn p999_ms(mut lat: Vec<u64>) -> f64 {
     lat[idx] as f64 / 1e6
 }
 
-/// Runs `scenario` once in `mode` (an agent of its own, cgroups of its own), on `dev`.
+/// Runs `scenario` in `mode` as [`run_once`] does, again (up to twice, after the disk
+/// settles) when the reader alone was already slow before the aggressor started (p99.9 over
+/// half its target): that run would judge the disk's slow spell, not the control. Seen in
+/// CI after the earlier tests' writes: 20-47 ms for a reader alone for 20 s.
 pub fn run(
+    scratch: &Scratch,
+    files: &Files,
+    dev: &str,
+    scenario: &Scenario,
+    mode: &Mode,
+) -> Result<Outcome, String> {
+    let mut slow = vec![];
+    for _ in 0..3 {
+        let o = run_once(scratch, files, dev, scenario, mode)?;
+        if o.solo_p999_ms <= scenario.slo_ms as f64 / 2.0 {
+            return Ok(o);
+        }
+        eprintln!(
+            "{}: the reader alone had a p99.9 of {:.2} ms before the aggressor started: the disk is in a slow spell; again once it settles",
+            mode.label(),
+            o.solo_p999_ms
+        );
+        slow.push(o.solo_p999_ms);
+        noisy::wait_for_settled_disk(&files.reader);
+    }
+    Err(format!(
+        "{}: the reader alone was slow before the aggressor started in 3 runs (p99.9 {slow:.2?} ms, target {} ms): the disk never settled",
+        mode.label(),
+        scenario.slo_ms
+    ))
+}
+
+/// Runs `scenario` once in `mode` (an agent of its own, cgroups of its own), on `dev`.
+pub fn run_once(
     scratch: &Scratch,
     files: &Files,
     dev: &str,
@@ -261,7 +301,7 @@ pub fn run(
             std::thread::sleep(Duration::from_secs(scenario.off_s));
         }
         let start = t0.elapsed().as_millis() as u64;
-        let mut child = backup.spawn(&a.command(files.aggressor(a), scenario.on_s));
+        let mut child = backup.spawn(&a.command(files.aggressor(a)?, scenario.on_s));
         aggressor_ok &= child.wait().is_ok_and(|s| s.success());
         phases_ms.push((start, t0.elapsed().as_millis() as u64));
     }

@@ -12,11 +12,12 @@ use isolator_tests::{
     Scratch,
 };
 
-fn setup() -> (Scratch, Files, String) {
+fn setup(scan: bool) -> (Scratch, Files, String) {
     require_root();
     require_tool("fio");
+    require_tool("taskset");
     let scratch = Scratch::new();
-    let files = Files::new(&scratch);
+    let files = Files::new(&scratch, scan);
     let dev = disk_of(&scratch.dir);
     (scratch, files, dev)
 }
@@ -64,7 +65,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
 
 #[test]
 fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
-    let s = setup();
+    let s = setup(false);
     let sc = Scenario {
         aggressor: Aggressor::Writer,
         slo_ms: 5,
@@ -79,7 +80,7 @@ fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
 
 #[test]
 fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
-    let s = setup();
+    let s = setup(true);
     let sc = Scenario {
         aggressor: Aggressor::RandomReader,
         slo_ms: 3,
@@ -94,7 +95,7 @@ fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
 
 #[test]
 fn on_off_scenario_adaptive_lifts_the_cap_at_rest_and_is_back_within_3_cycles() {
-    let s = setup();
+    let s = setup(false);
     let sc = Scenario {
         aggressor: Aggressor::Writer,
         slo_ms: 5,
@@ -123,7 +124,7 @@ fn on_off_scenario_adaptive_lifts_the_cap_at_rest_and_is_back_within_3_cycles() 
 #[test]
 fn a_target_below_what_the_reader_gets_alone_is_reported_infeasible_and_nothing_is_capped() {
     use isolator_tests::{events_doc, noisy, Agent, TestCgroup};
-    let (scratch, files, _dev) = setup();
+    let (scratch, files, _dev) = setup(false);
     let db = TestCgroup::new("iso-sc-alone");
     let config = scratch.path("alone.toml");
     std::fs::write(

@@ -122,7 +122,12 @@ fn run() -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let scratch = Scratch::new();
-    let files = Files::new(&scratch);
+    let files = Files::new(
+        &scratch,
+        scenarios
+            .iter()
+            .any(|(_, s, _)| s.aggressor == Aggressor::RandomReader),
+    );
     let dev = disk_of(&scratch.dir);
     // (scenario, mode label) -> one outcome per repeat.
     let mut results: BTreeMap<(usize, String), Vec<Outcome>> = BTreeMap::new();

@@ -218,6 +218,11 @@ impl SimDisk {
                     l.read_bps = iops * 4096.0;
                     l.p999 = Some(p999 as u64);
                     l.samples = iops as u64;
+                    // Most requests near the mean, the slowest 0.2 % at the p99.9.
+                    let tail = (l.samples / 500).max(1);
+                    let bucket =
+                        |ns: f64| isolator_common::histogram::latency_bucket(ns as u64) as u16;
+                    l.hist = vec![(bucket(mean), l.samples - tail), (bucket(p999), tail)];
                     l.mean = Some(mean);
                     l.inflight = iops * mean / 1e9;
                 }
@@ -255,7 +260,7 @@ impl SimDisk {
                 limit: s.limit,
                 changed_cycle: s.changed,
                 character: Default::default(),
-                latency_hist: vec![],
+                latency_hist: l.hist,
                 cgroup_ids: vec![],
             });
         }
@@ -309,6 +314,7 @@ struct SimLoadBuilder {
     samples: u64,
     mean: Option<f64>,
     inflight: f64,
+    hist: Vec<(u16, u64)>,
 }
 
 #[cfg(test)]
@@ -558,6 +564,39 @@ mod tests {
             "cut {cap} -> {to}"
         );
         assert!(d[0].reason.contains("twice"), "{}", d[0].reason);
+    }
+
+    #[test]
+    fn adaptive_trims_a_settled_cap_whose_window_p999_runs_close_to_the_target() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        // The disk slows a little: every cycle's p99.9 at 90-100 % of the target, none
+        // over it.
+        let scale = (800..1000)
+            .map(|k| k as f64 / 1000.0)
+            .find(|&k| {
+                let mut probe = SimDisk::new(disk.services.clone());
+                probe.cycle = disk.cycle;
+                probe.knee_scale = k;
+                let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
+                (0.92..0.98).contains(&f)
+            })
+            .expect("a slowdown that puts the p99.9 at 92-98 % of the target");
+        disk.knee_scale = scale;
+        let h = disk.run(&mut p, 12);
+        assert!(h.iter().all(|(c, _)| !c.services[0].violating()));
+        // Trimmed first (then the search may probe back up to where the window is at
+        // 80 % of the target at most).
+        let cuts: Vec<&Decision> = h.iter().flat_map(|(_, d)| d).collect();
+        assert!(!cuts.is_empty(), "not trimmed");
+        let to = cuts[0].to.unwrap() as f64 / cap as f64;
+        assert!((0.8..=0.92).contains(&to), "trimmed to {to}");
+        assert!(cuts[0].reason.contains("trim"), "{}", cuts[0].reason);
+        // Not before the window had 5 cycles under the cap.
+        let at = h.iter().position(|(_, d)| !d.is_empty()).unwrap();
+        assert!(at >= 4, "trimmed after {} cycles", at + 1);
     }
 
     #[test]
