@@ -151,8 +151,12 @@ pub struct Outcome {
     pub slo_ms: u64,
     /// Reader p99.9 of each cycle from the aggressor's first to its last, ms.
     pub p999_ms: Vec<f64>,
-    /// Per aggressor phase: cycles from its first cycle to the first within the SLO.
+    /// Per aggressor phase: cycles from its first violating cycle to the next within the
+    /// SLO (0: it never violated; None: never back).
     pub cycles_to_slo: Vec<Option<u64>>,
+    /// Per aggressor phase: whether the reader violated its SLO in the phase's first 5
+    /// cycles (with no control, the aggressor hurts; under a cap, it may not).
+    pub hurt: Vec<bool>,
     /// Per rest between phases: cycles from its first quiet cycle until no cap was left
     /// on the aggressor (None: a cap stayed through the rest).
     pub cycles_to_lift: Vec<Option<u64>>,
@@ -172,11 +176,17 @@ pub struct Outcome {
 
 impl Outcome {
     /// Whether the reader kept its SLO in the steady phases: fio's p99.9 within it, and
-    /// at most one violating cycle in ten.
+    /// at most one violating cycle in ten (the benchmark's verdict).
     pub fn keeps_slo(&self) -> bool {
+        self.keeps_slo_with(10)
+    }
+    /// The same with at most one violating cycle in `n`. The tests' steady phases are 20
+    /// cycles: two cycles of a p99.9 from ~15k samples straddling the target there say
+    /// more about the sample than the control; fio's p99.9 over the phase is the verdict.
+    pub fn keeps_slo_with(&self, n: usize) -> bool {
         self.steady_cycles > 0
             && self.steady_fio_p999_ms <= self.slo_ms as f64
-            && self.steady_violations * 10 <= self.steady_cycles
+            && self.steady_violations * n <= self.steady_cycles
     }
     /// resctl-bench's isolation: the share of steady cycles within the SLO.
     pub fn isolation(&self) -> f64 {
@@ -284,6 +294,7 @@ pub fn run_once(
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = Agent::start_controlling(&config, &journal, &args);
+    let aggressor_file = files.aggressor(a)?;
     let lat_log = scratch.path("reader");
     let on_total = scenario.on_s * u64::from(scenario.times)
         + scenario.off_s * u64::from(scenario.times.saturating_sub(1));
@@ -301,7 +312,7 @@ pub fn run_once(
             std::thread::sleep(Duration::from_secs(scenario.off_s));
         }
         let start = t0.elapsed().as_millis() as u64;
-        let mut child = backup.spawn(&a.command(files.aggressor(a)?, scenario.on_s));
+        let mut child = backup.spawn(&a.command(aggressor_file, scenario.on_s));
         aggressor_ok &= child.wait().is_ok_and(|s| s.success());
         phases_ms.push((start, t0.elapsed().as_millis() as u64));
     }
@@ -394,9 +405,18 @@ fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
     Outcome {
         slo_ms: scenario.slo_ms,
         p999_ms: (first..=last).filter_map(db_at).map(|e| p999(e)).collect(),
+        // From the phase's first violating cycle (its first cycle is partial and may pass)
+        // to the next cycle within the SLO.
         cycles_to_slo: phases
             .iter()
-            .map(|&(s, e)| (s..=e).find(|&c| !violating(c)).map(|c| c - s))
+            .map(|&(s, e)| match (s..=e).find(|&c| violating(c)) {
+                None => Some(0),
+                Some(f) => (f + 1..=e).find(|&c| !violating(c)).map(|c| c - f),
+            })
+            .collect(),
+        hurt: phases
+            .iter()
+            .map(|&(s, _)| (s..s + 5).any(violating))
             .collect(),
         cycles_to_lift: phases
             .windows(2)

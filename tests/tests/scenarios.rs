@@ -28,22 +28,23 @@ fn run(s: &(Scratch, Files, String), sc: &Scenario, mode: Mode) -> Outcome {
     o
 }
 
-/// The SLO held as the reader saw it, reached within 3 cycles of the aggressor starting,
-/// and a static cap 25 % above the aggressor's steady rate breaking it.
+/// The SLO held as the reader saw it (fio's p99.9 over the steady phase, and at most one
+/// violating cycle in five), back within 3 cycles of the aggressor breaking it, and a
+/// static cap 25 % above the aggressor's steady rate breaking it.
 fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     assert!(
-        o.cycles_to_slo[0].is_some_and(|c| c >= 1),
+        o.hurt[0],
         "the aggressor never pushed the reader over its {} ms SLO: the scenario proves nothing on this disk ({:?})",
         sc.slo_ms,
         o.p999_ms
     );
     assert!(
         o.cycles_to_slo[0].is_some_and(|c| c <= 3),
-        "not within the SLO 3 cycles after the aggressor started: {:?}",
+        "not back within the SLO 3 cycles after the aggressor broke it: {:?}",
         o.p999_ms
     );
     assert!(
-        o.keeps_slo(),
+        o.keeps_slo_with(5),
         "adaptive did not keep the SLO in the steady phase: fio p99.9 {:.2} ms (SLO {} ms), {}/{} violating cycles",
         o.steady_fio_p999_ms,
         sc.slo_ms,
@@ -53,7 +54,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     let above = (o.aggressor_steady_mbps * 1.25).ceil() as u64;
     let st = run(s, sc, Mode::Static(above.max(2)));
     assert!(
-        !st.keeps_slo(),
+        !st.keeps_slo_with(5),
         "a static cap of {above} MB/s (1.25 x the {:.0} MB/s adaptive gave the aggressor) kept the SLO too \
          (fio p99.9 {:.2} ms, {}/{} violating): adaptive left over a fifth of the disk idle",
         o.aggressor_steady_mbps,
@@ -113,7 +114,7 @@ fn on_off_scenario_adaptive_lifts_the_cap_at_rest_and_is_back_within_3_cycles() 
     );
     assert!(
         o.cycles_to_slo.iter().all(|c| c.is_some_and(|c| c <= 3)),
-        "not back within the SLO 3 cycles after the writer started: {:?}",
+        "not back within the SLO 3 cycles after the writer broke it: {:?}",
         o.cycles_to_slo
     );
     assert_controlled(&s, &sc, &o);
