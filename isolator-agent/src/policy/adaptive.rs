@@ -67,6 +67,9 @@ pub const KNEE_PRECISION: f64 = 1.1;
 const SETTLED_CYCLES: u64 = 4;
 /// A settled cap keeps its place through one violating cycle in this many.
 pub const NOISE_WINDOW: u64 = 10;
+/// A violation of at most this multiple of the target is marginal: a raise on probation
+/// fails on one above it, or on a second one.
+const MARGINAL: f64 = 1.2;
 /// A settled cap that must give way keeps at least this fraction: it was near the knee.
 const GENTLE_CUT_MIN: f64 = 0.7;
 /// A settled cap whose window p99.9 (every I/O of its last cycles, up to [`NOISE_WINDOW`],
@@ -339,6 +342,23 @@ impl Adaptive {
             if st.fell_back_at.is_some_and(|c| d.cycle <= c + 1) {
                 return vec![];
             }
+            // One marginal violation is not yet a verdict on the raise (a p99.9 from
+            // ~15k samples straddles the target near the knee): it fails on a clear one or
+            // a second one. Either way it is not confirmed before a clean window.
+            let marginal = victim
+                .judged_p999()
+                .zip(victim.slo_ns())
+                .is_some_and(|(l, slo)| (l as f64) <= slo as f64 * MARGINAL);
+            let since_raise = self.devices.get(&d.dev).map_or(0, |h| {
+                h.violations
+                    .iter()
+                    .filter(|&&c| c > a.changed_cycle.unwrap_or(0))
+                    .count()
+            });
+            if marginal && since_raise <= 1 {
+                return vec![];
+            }
+            let st = self.searches.entry((d.dev, a.id)).or_default();
             st.fell_back_at = Some(d.cycle);
             st.remember_bad(raised, d.cycle);
             let mid = (prev as f64 * raised as f64).sqrt() as u64;
