@@ -182,6 +182,12 @@ impl DeviceHistory {
     fn clean_since(&self, from: u64) -> bool {
         self.last_near.is_none_or(|c| c < from)
     }
+    /// Whether a cap whose first full cycle was `from` has held through a probe window:
+    /// its last [`PROBE_CYCLES`] cycles up to `now` (all after `from`) clean. The window
+    /// slides: a near miss long ago does not keep a cap from ever counting as holding.
+    fn clean_window(&self, from: u64, now: u64) -> bool {
+        now + 1 >= from + PROBE_CYCLES && self.clean_since(from.max(now + 1 - PROBE_CYCLES))
+    }
     fn roomy_since(&self, from: u64) -> bool {
         self.last_warm.is_none_or(|c| c < from)
     }
@@ -316,8 +322,7 @@ impl Adaptive {
             let Some(cap) = s.limit.total_bps() else {
                 continue;
             };
-            let from = window_start(s);
-            if d.cycle + 1 >= from + PROBE_CYCLES && h.clean_since(from) {
+            if h.clean_window(window_start(s), d.cycle) {
                 let st = self.searches.entry((d.dev, s.id)).or_default();
                 st.good = Some(cap);
                 st.before_raise = None;
@@ -447,7 +452,17 @@ impl Adaptive {
             }
             SloClass::BestEffort => 0.5,
         }
-        .clamp(0.05, 0.5);
+        // From no cap, at least half goes: the first violating cycle is partial and
+        // understates the harm. A cap that was just cut and still does not hold is close
+        // already: (SLO/L)^2 of it, no more.
+        .clamp(
+            0.05,
+            if a.limit.total_bps().is_some() {
+                0.9
+            } else {
+                0.5
+            },
+        );
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
         st.remember_bad(current as u64, d.cycle);
@@ -554,7 +569,7 @@ impl Adaptive {
         // transition and one full cycle.
         let confirmed = st.good == Some(cap);
         let fast = bad.is_none() && st.knee.is_none() && h.roomy_since(from);
-        let window_passed = d.cycle + 1 >= from + PROBE_CYCLES && h.clean_since(from);
+        let window_passed = h.clean_window(from, d.cycle);
         let recent_clean = h.clean_since(d.cycle.saturating_sub(1));
         if !(fast || (confirmed && (window_passed || recent_clean))) {
             return out;
