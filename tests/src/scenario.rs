@@ -180,9 +180,8 @@ impl Outcome {
     pub fn keeps_slo(&self) -> bool {
         self.keeps_slo_with(10)
     }
-    /// The same with at most one violating cycle in `n`. The tests' steady phases are 20
-    /// cycles: two cycles of a p99.9 from ~15k samples straddling the target there say
-    /// more about the sample than the control; fio's p99.9 over the phase is the verdict.
+    /// The same with at most one violating cycle in `n` (the tests' sanity bound over
+    /// their 20-cycle steady phases, where fio's p99.9 is the verdict).
     pub fn keeps_slo_with(&self, n: usize) -> bool {
         self.steady_cycles > 0
             && self.steady_fio_p999_ms <= self.slo_ms as f64
@@ -382,9 +381,11 @@ fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
         .iter()
         .flat_map(|&(s, e)| s + 1 + STEADY_AFTER_CYCLES..e)
         .collect();
+    // Only a policy's decisions change caps (the others run the agent with --dry-run).
+    let writes = matches!(mode, Mode::Policy(_));
     let decision_cycles: Vec<u64> = events
         .iter()
-        .filter(|e| e["type"] == "decision" && e["service"] == "backup")
+        .filter(|e| writes && e["type"] == "decision" && e["service"] == "backup")
         .map(&cycle)
         .collect();
     // Whether the agent recorded the aggressor without any limit in cycle c (a cycle

@@ -1,6 +1,8 @@
 //! The control scenarios of issue 17 on the real disk, shortened: a QD1 reader with a
 //! p99.9 SLO next to (1) a sequential writer, (2) a random-read aggressor, (4) a writer that
-//! comes and goes. Each test judges the reader by fio's own log and holds `adaptive` to a
+//! comes and goes. Each test judges the reader by fio's own log (what the client saw over the
+//! steady phase; the disk's per-cycle p99.9 near the knee straddles the target, and in 20
+//! cycles a few of them say more about the sample than the control) and holds `adaptive` to a
 //! work-conservation floor measured in the same test: a static cap 25 % above what
 //! `adaptive` gave the aggressor must break the SLO (else `adaptive` left a fifth of the
 //! disk idle). The benchmark (`--bin scenarios`) holds it to 90 % of the best static cap,
@@ -28,9 +30,10 @@ fn run(s: &(Scratch, Files, String), sc: &Scenario, mode: Mode) -> Outcome {
     o
 }
 
-/// The SLO held as the reader saw it (fio's p99.9 over the steady phase, and at most one
-/// violating cycle in five), back within 3 cycles of the aggressor breaking it, and a
-/// static cap 25 % above the aggressor's steady rate breaking it.
+/// The SLO held as the reader saw it (fio's p99.9 over the steady phase; per cycle at most
+/// one violating cycle in three, a sanity bound: the 1-in-10 target is the benchmark's, over
+/// longer runs), back within 3 cycles of the aggressor breaking it, and a static cap 25 %
+/// above the aggressor's steady rate breaking it by the same measure.
 fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     assert!(
         o.hurt[0],
@@ -44,7 +47,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
         o.p999_ms
     );
     assert!(
-        o.keeps_slo_with(5),
+        o.keeps_slo_with(3),
         "adaptive did not keep the SLO in the steady phase: fio p99.9 {:.2} ms (SLO {} ms), {}/{} violating cycles",
         o.steady_fio_p999_ms,
         sc.slo_ms,
@@ -54,7 +57,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     let above = (o.aggressor_steady_mbps * 1.25).ceil() as u64;
     let st = run(s, sc, Mode::Static(above.max(2)));
     assert!(
-        !st.keeps_slo_with(5),
+        !st.keeps_slo_with(3),
         "a static cap of {above} MB/s (1.25 x the {:.0} MB/s adaptive gave the aggressor) kept the SLO too \
          (fio p99.9 {:.2} ms, {}/{} violating): adaptive left over a fifth of the disk idle",
         o.aggressor_steady_mbps,
