@@ -53,9 +53,19 @@ fn noisy_neighbor_adaptive_protects_the_reader_and_keeps_the_writer_going() {
         !journal.join("journal.json").exists(),
         "journal left behind"
     );
-    assert!(events
+    // Put back at stop, or lifted by the policy once the writer went quiet (before stop).
+    let restored = events
         .iter()
-        .any(|e| e["type"] == "restore" && e["result"] == "restored"));
+        .any(|e| e["type"] == "restore" && e["result"] == "restored");
+    let lifted = events.iter().any(|e| {
+        e["type"] == "decision"
+            && e["service"] == "backup"
+            && e["reason"].as_str().is_some_and(|r| r.contains("lift"))
+    });
+    assert!(
+        restored || lifted,
+        "the writer's cap was neither lifted by the policy nor restored at stop"
+    );
 
     noisy::assert_adaptive_control(&events);
     // It stays there as the reader sees it too: fio's own completion latencies over the
