@@ -668,6 +668,30 @@ pub mod noisy {
         )
     }
 
+    /// The reader's fio completion-latency log under `prefix`: (ms after fio started,
+    /// latency ns) per I/O.
+    pub fn read_clat_log(prefix: &Path) -> Result<Vec<(u64, u64)>, String> {
+        let path = format!("{}_clat.1.log", prefix.display());
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(',').map(str::trim);
+                Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+            })
+            .collect())
+    }
+
+    /// The p99.9 of latencies (None when there are none).
+    pub fn p999_ns(mut lat: Vec<u64>) -> Option<u64> {
+        if lat.is_empty() {
+            return None;
+        }
+        lat.sort_unstable();
+        let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
+        Some(lat[idx])
+    }
+
     /// One run of the scenario (under an agent the caller started): the reader alone for
     /// `solo_s`, then the writer for `writer_s` next to it, then the reader 2 s more.
     pub struct PairRun {
@@ -709,24 +733,20 @@ pub mod noisy {
         /// writer started to its end, as fio logged them, and the sample count.
         pub fn reader_p999_ns(&self, settle_ms: u64) -> (u64, usize) {
             let (from_ms, to_ms) = (self.writer_start_ms + settle_ms, self.writer_end_ms);
-            let path = format!("{}_clat.1.log", self.lat_log.display());
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-            let mut lat: Vec<u64> = text
-                .lines()
-                .filter_map(|l| {
-                    let mut f = l.split(',').map(str::trim);
-                    let t: u64 = f.next()?.parse().ok()?;
-                    let v: u64 = f.next()?.parse().ok()?;
-                    (from_ms..to_ms).contains(&t).then_some(v)
-                })
+            let log = read_clat_log(&self.lat_log).unwrap_or_else(|e| panic!("{e}"));
+            let lat: Vec<u64> = log
+                .into_iter()
+                .filter(|(t, _)| (from_ms..to_ms).contains(t))
+                .map(|(_, v)| v)
                 .collect();
-            assert!(
-                !lat.is_empty(),
-                "{path}: no samples in {from_ms}..{to_ms} ms"
-            );
-            lat.sort_unstable();
-            let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
-            (lat[idx], lat.len())
+            let n = lat.len();
+            let p = p999_ns(lat).unwrap_or_else(|| {
+                panic!(
+                    "{}: no samples in {from_ms}..{to_ms} ms",
+                    self.lat_log.display()
+                )
+            });
+            (p, n)
         }
     }
 

@@ -78,6 +78,28 @@ pub struct Scenario {
     pub times: u32,
 }
 
+impl Scenario {
+    /// The reader alone for 5 s, then `aggressor` for `seconds`.
+    pub fn new(aggressor: Aggressor, slo_ms: u64, seconds: u64) -> Scenario {
+        Scenario {
+            aggressor,
+            slo_ms,
+            solo_s: 5,
+            on_s: seconds,
+            off_s: 0,
+            times: 1,
+        }
+    }
+    /// The aggressor's run repeated `times` times, resting `off_s` in between.
+    pub fn on_off(self, off_s: u64, times: u32) -> Scenario {
+        Scenario {
+            off_s,
+            times,
+            ..self
+        }
+    }
+}
+
 /// Full cycles after the aggressor starts (each time it starts) before its phase counts as
 /// steady: the search for the knee gets them.
 pub const STEADY_AFTER_CYCLES: u64 = 10;
@@ -214,26 +236,8 @@ fn set_cap(cg: &TestCgroup, a: Aggressor, dev: &str, bytes_per_s: u64) -> Result
     std::fs::write(&path, line).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// The reader's fio log: (ms after it started, latency ns).
-fn read_lat_log(prefix: &Path) -> Result<Vec<(u64, u64)>, String> {
-    let path = format!("{}_clat.1.log", prefix.display());
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(',').map(str::trim);
-            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
-        })
-        .collect())
-}
-
-fn p999_ms(mut lat: Vec<u64>) -> f64 {
-    if lat.is_empty() {
-        return f64::NAN;
-    }
-    lat.sort_unstable();
-    let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
-    lat[idx] as f64 / 1e6
+fn p999_ms(lat: Vec<u64>) -> f64 {
+    noisy::p999_ns(lat).map_or(f64::NAN, |p| p as f64 / 1e6)
 }
 
 /// Runs `scenario` in `mode` as [`run_once`] does, again (up to twice, after the disk
@@ -328,7 +332,7 @@ pub fn run_once(
         return Err(format!("{}: agent failed: {stderr}", mode.label()));
     }
     let events = agent.events();
-    let lat = read_lat_log(&lat_log)?;
+    let lat = noisy::read_clat_log(&lat_log)?;
     let solo_from_ms = 2000; // fio's first second is its start-up
     let solo = lat
         .iter()
@@ -473,15 +477,16 @@ pub fn print_cycles(o: &Outcome) {
     );
 }
 
-/// Whether `fio` runs here (the scenarios need it).
-pub fn require_fio() -> Result<(), String> {
-    let ok = Command::new("sh")
-        .args(["-c", "command -v fio"])
-        .output()
-        .is_ok_and(|o| !o.stdout.is_empty());
-    if ok {
-        Ok(())
-    } else {
-        Err("fio not found: run scripts/bootstrap.sh".into())
+/// Whether the tools the scenarios run are here.
+pub fn require_tools() -> Result<(), String> {
+    for tool in ["fio", "fallocate", "taskset"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| !o.stdout.is_empty());
+        if !found {
+            return Err(format!("{tool} not found: run scripts/bootstrap.sh"));
+        }
     }
+    Ok(())
 }

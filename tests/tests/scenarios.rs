@@ -70,14 +70,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
 #[test]
 fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
     let s = setup(false);
-    let sc = Scenario {
-        aggressor: Aggressor::Writer,
-        slo_ms: 5,
-        solo_s: 5,
-        on_s: 30,
-        off_s: 0,
-        times: 1,
-    };
+    let sc = Scenario::new(Aggressor::Writer, 5, 30);
     let o = run(&s, &sc, Mode::Policy("adaptive".into()));
     assert_controlled(&s, &sc, &o);
 }
@@ -85,14 +78,7 @@ fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
 #[test]
 fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
     let s = setup(true);
-    let sc = Scenario {
-        aggressor: Aggressor::RandomReader,
-        slo_ms: 3,
-        solo_s: 5,
-        on_s: 30,
-        off_s: 0,
-        times: 1,
-    };
+    let sc = Scenario::new(Aggressor::RandomReader, 3, 30);
     let o = run(&s, &sc, Mode::Policy("adaptive".into()));
     assert_controlled(&s, &sc, &o);
 }
@@ -100,14 +86,7 @@ fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
 #[test]
 fn on_off_scenario_adaptive_lifts_the_cap_at_rest_and_is_back_within_3_cycles() {
     let s = setup(false);
-    let sc = Scenario {
-        aggressor: Aggressor::Writer,
-        slo_ms: 5,
-        solo_s: 5,
-        on_s: 20,
-        off_s: 12,
-        times: 2,
-    };
+    let sc = Scenario::new(Aggressor::Writer, 5, 20).on_off(12, 2);
     let o = run(&s, &sc, Mode::Policy("adaptive".into()));
     assert_eq!(o.cycles_to_lift.len(), 1, "phases: {:?}", o.cycles_to_slo);
     assert!(

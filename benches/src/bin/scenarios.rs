@@ -94,21 +94,23 @@ fn run() -> Result<()> {
         .map(|n| {
             // The SLO each aggressor breaks here by default (the random reader's p99.9 cost is
             // smaller than the writer's).
-            let (aggressor, on_s, off_s, times, caps, slo) = match n.as_str() {
-                "writer" => (Aggressor::Writer, seconds, 0, 1, &writer_caps, 5),
-                "random-reader" => (Aggressor::RandomReader, seconds, 0, 1, &scan_caps, 3),
-                "on-off" => (Aggressor::Writer, 30, 20, 3, &writer_caps, 5),
+            let (s, caps) = match n.as_str() {
+                "writer" => (Scenario::new(Aggressor::Writer, 5, seconds), &writer_caps),
+                "random-reader" => (
+                    Scenario::new(Aggressor::RandomReader, 3, seconds),
+                    &scan_caps,
+                ),
+                "on-off" => (
+                    Scenario::new(Aggressor::Writer, 5, 30).on_off(20, 3),
+                    &writer_caps,
+                ),
                 _ => {
                     bail!("--scenarios: unknown scenario {n}; use writer, random-reader or on-off")
                 }
             };
             let s = Scenario {
-                aggressor,
-                slo_ms: slo_ms.unwrap_or(slo),
-                solo_s: 5,
-                on_s,
-                off_s,
-                times,
+                slo_ms: slo_ms.unwrap_or(s.slo_ms),
+                ..s
             };
             Ok((n.clone(), s, caps.clone()))
         })
@@ -117,7 +119,7 @@ fn run() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark loads eBPF and writes cgroup limits: run it as root");
     }
-    scenario::require_fio().map_err(anyhow::Error::msg)?;
+    scenario::require_tools().map_err(anyhow::Error::msg)?;
     if let Some(dir) = &events_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

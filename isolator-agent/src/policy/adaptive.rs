@@ -26,7 +26,7 @@
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
 //!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use super::{
     base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause, Cause,
@@ -52,12 +52,8 @@ pub const PROBE_CYCLES: u64 = 2;
 /// a threshold inside the plateau would stop the search at its foot. A knee where latency
 /// grows smoothly (a random-read scan's) is held back by the window trim instead.
 const NEAR_MISS: f64 = 0.9;
-/// With every p99.9 at most this fraction of its target through a probe, and no knee
-/// known, the next raise doubles the cap; otherwise it is x[`RAISE_FACTOR`].
-const ROOMY: f64 = 0.3;
-const RAISE_FACTOR: f64 = 1.25;
 /// Raises above a knee that is no longer trusted creep by this factor: it has probably not
-/// moved far.
+/// moved far. (Every cap this policy sets comes with a knee: the rate that made it cut.)
 const CREEP_FACTOR: f64 = 1.1;
 /// The search stops when the lowest breaking cap is within this factor of the highest
 /// holding one: 10 % of the bandwidth is what the next probe could win, a violation what
@@ -147,10 +143,8 @@ impl Search {
 struct DeviceHistory {
     /// Cycles with a violation, the last [`NOISE_WINDOW`] cycles' worth.
     violations: VecDeque<u64>,
-    /// The last cycle with a near miss (or a violation), and with any p99.9 above
-    /// [`ROOMY`] of its target.
+    /// The last cycle with a near miss (or a violation).
     last_near: Option<u64>,
-    last_warm: Option<u64>,
     /// The victim violating with nobody else to cut, and for how many cycles in a row.
     alone: Option<(ServiceId, u32)>,
     /// Victims told `slo_infeasible` in their current violation.
@@ -173,9 +167,6 @@ impl DeviceHistory {
         if worst > NEAR_MISS || self.violations.back() == Some(&d.cycle) {
             self.last_near = Some(d.cycle);
         }
-        if worst > ROOMY {
-            self.last_warm = Some(d.cycle);
-        }
     }
 
     /// Whether cycles `from..=now` had no violation and no near miss.
@@ -187,9 +178,6 @@ impl DeviceHistory {
     /// slides: a near miss long ago does not keep a cap from ever counting as holding.
     fn clean_window(&self, from: u64, now: u64) -> bool {
         now + 1 >= from + PROBE_CYCLES && self.clean_since(from.max(now + 1 - PROBE_CYCLES))
-    }
-    fn roomy_since(&self, from: u64) -> bool {
-        self.last_warm.is_none_or(|c| c < from)
     }
 }
 
@@ -257,7 +245,7 @@ impl Adaptive {
             }
         }
         // A latency service without I/O this cycle starts its window over.
-        let present: Vec<ServiceId> = d.services.iter().map(|s| s.id).collect();
+        let present: HashSet<ServiceId> = d.services.iter().map(|s| s.id).collect();
         self.latency
             .retain(|&(dev, id), _| dev != d.dev || present.contains(&id));
     }
@@ -272,21 +260,18 @@ impl Adaptive {
             let Some(&&(_, _, _, slo)) = cycles.first() else {
                 continue;
             };
-            let mut merged: std::collections::BTreeMap<u16, u64> = Default::default();
-            let mut total = 0;
-            for (_, hist, samples, _) in &cycles {
-                total += samples;
-                for &(b, n) in hist {
-                    *merged.entry(b).or_default() += n;
-                }
+            let total: u64 = cycles.iter().map(|x| x.2).sum();
+            if total < crate::policy::MIN_JUDGED_SAMPLES {
+                continue;
+            }
+            let mut merged: BTreeMap<u16, u64> = BTreeMap::new();
+            for &(b, n) in cycles.iter().flat_map(|x| &x.1) {
+                *merged.entry(b).or_default() += n;
             }
             let sparse: Vec<(u16, u64)> = merged.into_iter().collect();
             let Some(p) = crate::measure::metrics::percentile(&sparse, total, 0.999) else {
                 continue;
             };
-            if total < crate::policy::MIN_JUDGED_SAMPLES {
-                continue;
-            }
             let f = p as f64 / slo as f64;
             if worst.is_none_or(|(w, _)| f > w) {
                 worst = Some((f, cycles.len()));
@@ -565,13 +550,11 @@ impl Adaptive {
             );
         }
         // A cap that just held (or the good one fallen back to) may be raised once its
-        // window is clean; far below every target and with no knee known, after the
-        // transition and one full cycle.
+        // window is clean.
         let confirmed = st.good == Some(cap);
-        let fast = bad.is_none() && st.knee.is_none() && h.roomy_since(from);
         let window_passed = h.clean_window(from, d.cycle);
         let recent_clean = h.clean_since(d.cycle.saturating_sub(1));
-        if !(fast || (confirmed && (window_passed || recent_clean))) {
+        if !(confirmed && (window_passed || recent_clean)) {
             return out;
         }
         if self
@@ -581,12 +564,10 @@ impl Adaptive {
             return out;
         }
         let st = self.searches.entry((d.dev, s.id)).or_default();
-        let mut next = match (bad, st.knee) {
-            (Some(bad), _) if bad as f64 <= cap as f64 * KNEE_PRECISION => return out,
-            (Some(bad), _) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
-            (None, Some(_)) => (cap as f64 * CREEP_FACTOR) as u64,
-            (None, None) if h.roomy_since(from) => cap * 2,
-            (None, None) => (cap as f64 * RAISE_FACTOR) as u64,
+        let mut next = match bad {
+            Some(bad) if bad as f64 <= cap as f64 * KNEE_PRECISION => return out,
+            Some(bad) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
+            None => (cap as f64 * CREEP_FACTOR) as u64,
         };
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
