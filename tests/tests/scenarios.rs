@@ -5,7 +5,8 @@
 //! cycles a few of them say more about the sample than the control) and holds `adaptive` to a
 //! work-conservation floor measured in the same test: a static cap 25 % above what
 //! `adaptive` gave the aggressor must break the SLO (else `adaptive` left a fifth of the
-//! disk idle). The benchmark (`--bin scenarios`) holds it to 90 % of the best static cap,
+//! disk idle), both judged alike: fio's p99.9 within the SLO and at most one violating
+//! cycle in five. The benchmark (`--bin scenarios`) holds it to 90 % of the best static cap,
 //! median of 3 runs.
 
 use isolator_tests::{
@@ -13,6 +14,9 @@ use isolator_tests::{
     scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
     Scratch,
 };
+
+/// At most one violating steady cycle in this many, for `adaptive` and the static cap alike.
+const KEEPS_ONE_IN: usize = 5;
 
 fn setup(scan: bool) -> (Scratch, Files, String) {
     require_root();
@@ -30,10 +34,11 @@ fn run(s: &(Scratch, Files, String), sc: &Scenario, mode: Mode) -> Outcome {
     o
 }
 
-/// The SLO held as the reader saw it (fio's p99.9 over the steady phase; per cycle at most
-/// one violating cycle in three, a sanity bound: the 1-in-10 target is the benchmark's, over
-/// longer runs), back within 3 cycles of the aggressor breaking it, and a static cap 25 %
-/// above the aggressor's steady rate breaking it by the same measure.
+/// The SLO held as the reader saw it (fio's p99.9 over the steady phase, and per cycle at
+/// most one violating cycle in five: the 1-in-10 target with room for a 20-cycle sample),
+/// back within 3 cycles of the aggressor breaking it, and a static cap 25 % above the
+/// aggressor's steady rate breaking it by the same measure. (One in three let a static cap
+/// that broke the target in 6 cycles of 19 count as holding it.)
 fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     assert!(
         o.hurt[0],
@@ -47,7 +52,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
         o.p999_ms
     );
     assert!(
-        o.keeps_slo_with(3),
+        o.keeps_slo_with(KEEPS_ONE_IN),
         "adaptive did not keep the SLO in the steady phase: fio p99.9 {:.2} ms (SLO {} ms), {}/{} violating cycles",
         o.steady_fio_p999_ms,
         sc.slo_ms,
@@ -57,7 +62,7 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
     let above = (o.aggressor_steady_mbps * 1.25).ceil() as u64;
     let st = run(s, sc, Mode::Static(above.max(2)));
     assert!(
-        !st.keeps_slo_with(3),
+        !st.keeps_slo_with(KEEPS_ONE_IN),
         "a static cap of {above} MB/s (1.25 x the {:.0} MB/s adaptive gave the aggressor) kept the SLO too \
          (fio p99.9 {:.2} ms, {}/{} violating): adaptive left over a fifth of the disk idle",
         o.aggressor_steady_mbps,
