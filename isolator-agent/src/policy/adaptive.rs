@@ -136,8 +136,6 @@ struct Knee {
     rate_bps: u64,
     at_cycle: u64,
     memory_cycles: u64,
-    /// Already doubted once (see [`KNEE_DOUBT`]).
-    doubted: bool,
 }
 
 /// The knee search of one capped service on one device.
@@ -192,11 +190,11 @@ impl Search {
         ((sxx / nf).sqrt() >= FIT_MIN_SPREAD).then(|| sxy / sxx)
     }
 
-    /// A knee found only once that a cap just under it runs far below: it expires now.
+    /// A knee found only once (its memory still the base one: a knee found again has
+    /// more, a doubted one less) that a cap just under it runs far below: it expires now.
     fn doubt_knee(&mut self, cycle: u64) {
         if let Some(k) = self.knee.as_mut() {
-            if !k.doubted && k.memory_cycles == BAD_MEMORY_CYCLES {
-                k.doubted = true;
+            if k.memory_cycles == BAD_MEMORY_CYCLES {
                 k.memory_cycles = cycle.saturating_sub(k.at_cycle).min(k.memory_cycles);
             }
         }
@@ -213,7 +211,6 @@ impl Search {
             rate_bps,
             at_cycle: cycle,
             memory_cycles,
-            doubted: false,
         });
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
@@ -240,8 +237,8 @@ struct DeviceHistory {
 }
 
 impl DeviceHistory {
-    fn record(&mut self, d: &DeviceCycle) {
-        let worst = worst_fraction(d);
+    /// Records a cycle whose worst p99.9 fraction is `worst`.
+    fn record(&mut self, d: &DeviceCycle, worst: f64) {
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -278,27 +275,27 @@ impl DeviceHistory {
         NEAR_MISS.min((-Z_TENTH * self.sigma()).exp())
     }
 
+    /// The log fractions of the cycles from `from` on.
+    fn logs_since(&self, from: u64) -> impl Iterator<Item = f64> + '_ {
+        self.fractions
+            .iter()
+            .filter(move |x| x.0 >= from)
+            .map(|x| x.1.ln())
+    }
+
     /// The mean log fraction of the cycles from `from` on, and how many there are.
     fn level_since(&self, from: u64) -> Option<(f64, usize)> {
-        let logs: Vec<f64> = self
-            .fractions
-            .iter()
-            .filter(|x| x.0 >= from)
-            .map(|x| x.1.ln())
-            .collect();
-        (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64, logs.len()))
+        let (sum, n) = self
+            .logs_since(from)
+            .fold((0.0, 0), |(sum, n), x| (sum + x, n + 1));
+        (n > 0).then(|| (sum / n as f64, n))
     }
 
     /// Updates the scatter estimate from the cycles since the device's last change
     /// (`from`): every cap change moves the level, so only cycles under one set of caps
     /// say how much one cap's p99.9 scatters.
     fn measure_noise(&mut self, from: u64) {
-        let logs: Vec<f64> = self
-            .fractions
-            .iter()
-            .filter(|x| x.0 >= from)
-            .map(|x| x.1.ln())
-            .collect();
+        let logs: Vec<f64> = self.logs_since(from).collect();
         if logs.len() < NOISE_MIN_CYCLES {
             return;
         }
@@ -782,11 +779,10 @@ impl Adaptive {
         let far_below = h
             .level_since(from)
             .is_some_and(|(mean, n)| n >= TRIM_MIN_CYCLES && mean < KNEE_DOUBT.ln());
+        let st = self.searches.entry((d.dev, s.id)).or_default();
         if far_below && bad.is_some_and(|b| b as f64 <= cap as f64 * KNEE_PRECISION) {
-            let st = self.searches.entry((d.dev, s.id)).or_default();
             st.doubt_knee(d.cycle);
         }
-        let st = self.searches.entry((d.dev, s.id)).or_default();
         let bad = st.bad(d.cycle);
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * KNEE_PRECISION => return out,
@@ -901,10 +897,10 @@ impl Policy for Adaptive {
 
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let last_change = d.services.iter().map(window_start).max().unwrap_or(0);
-        let h = self.devices.entry(d.dev).or_default();
-        h.record(d);
-        h.measure_noise(last_change);
         let worst = worst_fraction(d);
+        let h = self.devices.entry(d.dev).or_default();
+        h.record(d, worst);
+        h.measure_noise(last_change);
         if worst > 0.0 {
             for s in &d.services {
                 let Some(cap) = s.limit.total_bps().filter(|_| d.cycle >= window_start(s)) else {

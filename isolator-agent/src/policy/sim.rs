@@ -405,25 +405,32 @@ mod tests {
         (violations, changes, mean)
     }
 
+    /// With `SIM_TRACE` set, prints each cycle of a run: service 0's p99.9 as a fraction of
+    /// its target, service 1's rate and cap, and the decisions' reasons.
+    fn trace(label: &str, h: &[(DeviceCycle, Vec<Decision>)]) {
+        if std::env::var_os("SIM_TRACE").is_none() {
+            return;
+        }
+        for (c, d) in h {
+            let r = &c.services[0];
+            println!(
+                "{label} c{} f {:.2} agg {:.0} MB/s cap {:?} {:?}",
+                c.cycle,
+                r.judged_p999().unwrap_or(0) as f64 / r.slo_ns().unwrap_or(1) as f64,
+                c.services[1].bps() / MB,
+                c.services[1].limit.total_bps().map(|b| b / 1_000_000),
+                d.iter().map(|d| &d.reason).collect::<Vec<_>>()
+            );
+        }
+    }
+
     /// The targets for one aggressor from cycle 5 on: the SLO met within 3 cycles;
     /// after 20 cycles of search, at most one violating cycle and one change in ten, and at
     /// least 90 % of the best static cap's rate.
     fn assert_finds_the_knee(make: &dyn Fn() -> SimDisk, label: &str) {
         let mut disk = make();
         let h = disk.run(&mut Adaptive::default(), 300);
-        if std::env::var_os("SIM_TRACE").is_some() {
-            for (c, d) in &h {
-                let r = &c.services[0];
-                println!(
-                    "{label} c{} f {:.2} agg {:.0} MB/s cap {:?} {:?}",
-                    c.cycle,
-                    r.judged_p999().unwrap_or(0) as f64 / r.slo_ns().unwrap() as f64,
-                    c.services[1].bps() / MB,
-                    c.services[1].limit.total_bps().map(|b| b / 1_000_000),
-                    d.iter().map(|d| &d.reason).collect::<Vec<_>>()
-                );
-            }
-        }
+        trace(label, &h);
         let v = violating_cycles(&h, "reader");
         assert_eq!(
             v.first(),
@@ -500,15 +507,8 @@ mod tests {
         );
         disk.knee_scale = 1.0;
         let after = disk.run(&mut p, crate::policy::adaptive::BAD_MEMORY_CYCLES - 5);
-        for (c, d) in spell.iter().chain(&after) {
-            println!(
-                "c{} f {:.2} cap {} {:?}",
-                c.cycle,
-                c.services[0].judged_p999().unwrap_or(0) as f64 / 10e6,
-                cap_of(c) / 1_000_000,
-                d.iter().map(|d| &d.reason).collect::<Vec<_>>()
-            );
-        }
+        trace("spell", &spell);
+        trace("after the spell", &after);
         let highest = after.iter().map(|(c, _)| cap_of(c)).max().unwrap();
         println!(
             "spell at {} MB/s; highest cap after it {} MB/s",
@@ -537,19 +537,7 @@ mod tests {
         };
         let mut disk = make();
         let h = disk.run(&mut Adaptive::default(), 155);
-        if std::env::var_os("SIM_TRACE").is_some() {
-            for (c, d) in &h {
-                let r = &c.services[0];
-                println!(
-                    "on/off c{} f {:.2} agg {:.0} MB/s cap {:?} {:?}",
-                    c.cycle,
-                    r.judged_p999().unwrap_or(0) as f64 / r.slo_ns().unwrap() as f64,
-                    c.services[1].bps() / MB,
-                    c.services[1].limit.total_bps().map(|b| b / 1_000_000),
-                    d.iter().map(|d| &d.reason).collect::<Vec<_>>()
-                );
-            }
-        }
+        trace("on/off", &h);
         for period in 0..3u64 {
             let on = 5 + period * 50;
             let off = on + 30;
