@@ -96,6 +96,8 @@ const TRIM_RANGE: (f64, f64) = (0.75, 0.92);
 const DEFAULT_NOISE_SIGMA: f64 = 0.08;
 const NOISE_SIGMA_RANGE: (f64, f64) = (0.03, 1.0);
 const NOISE_MIN_CYCLES: usize = 4;
+/// A cap binds (fixes the aggressor's rate) when the service uses at least this share of it.
+const BINDING: f64 = 0.8;
 /// Weight of the newest estimate in the smoothed sigma.
 const NOISE_SMOOTHING: f64 = 0.3;
 const Z_TENTH: f64 = 1.2816;
@@ -234,6 +236,10 @@ struct DeviceHistory {
     /// Sigma of the log of the per-cycle p99.9 under one cap, smoothed (None: not yet
     /// measured; [`DEFAULT_NOISE_SIGMA`]).
     noise_sigma: Option<f64>,
+    /// The last cycle with nothing capped or a cap that did not bind: the aggressor's rate
+    /// was not fixed, so the victim's p99.9 then moved with the load, not with the noise
+    /// (an aggressor going quiet under its cap took one from 0.9 to 0.02 of its target).
+    unsteady_at: u64,
 }
 
 impl DeviceHistory {
@@ -291,9 +297,10 @@ impl DeviceHistory {
         (n > 0).then(|| (sum / n as f64, n))
     }
 
-    /// Updates the scatter estimate from the cycles since the device's last change
-    /// (`from`): every cap change moves the level, so only cycles under one set of caps
-    /// say how much one cap's p99.9 scatters.
+    /// Updates the scatter estimate from the cycles since the device's last change, or
+    /// since its caps last stopped binding (`from`): every cap change or load change moves
+    /// the level, so only cycles under one set of binding caps say how much one cap's p99.9
+    /// scatters.
     fn measure_noise(&mut self, from: u64) {
         let logs: Vec<f64> = self.logs_since(from).collect();
         if logs.len() < NOISE_MIN_CYCLES {
@@ -898,9 +905,20 @@ impl Policy for Adaptive {
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let last_change = d.services.iter().map(window_start).max().unwrap_or(0);
         let worst = worst_fraction(d);
+        let capped = d
+            .services
+            .iter()
+            .filter_map(|s| Some((s, s.limit.total_bps()?)));
+        let binding = capped.clone().next().is_some()
+            && capped
+                .clone()
+                .all(|(s, cap)| s.bps() >= cap as f64 * BINDING);
         let h = self.devices.entry(d.dev).or_default();
         h.record(d, worst);
-        h.measure_noise(last_change);
+        if !binding {
+            h.unsteady_at = d.cycle;
+        }
+        h.measure_noise(last_change.max(h.unsteady_at + 1));
         if worst > 0.0 {
             for s in &d.services {
                 let Some(cap) = s.limit.total_bps().filter(|_| d.cycle >= window_start(s)) else {
@@ -931,5 +949,34 @@ impl Policy for Adaptive {
             return self.throttle(d, victim, a);
         }
         self.alone(d, victim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::sim::{SimDisk, SimService};
+
+    /// An aggressor that goes quiet under its cap takes the victim's p99.9 from near its
+    /// target to near nothing: a change of load, not scatter. The scatter estimate (and with
+    /// it the near-miss bar the next episode's caps are judged by) must not take it in.
+    #[test]
+    fn an_aggressor_going_quiet_under_its_cap_is_not_counted_as_scatter() {
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("reader", 5.0, 1.0),
+            SimService::writer("writer", SloClass::BestEffort, 2400.0, 5),
+        ]);
+        disk.services[1].on_off = Some((30, 20));
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 34);
+        let before = p.devices[&1].sigma();
+        // The writer rests from cycle 35; its cap is lifted 2 cycles later.
+        disk.run(&mut p, 6);
+        let after = p.devices[&1].sigma();
+        println!("sigma under the cap {before:.3}, after the writer went quiet {after:.3}");
+        assert!(
+            after <= before * 1.5 + 0.02,
+            "the writer going quiet raised the scatter estimate from {before:.3} to {after:.3}"
+        );
     }
 }
