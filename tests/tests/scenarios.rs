@@ -1,13 +1,12 @@
 //! The control scenarios of issue 17 on the real disk, shortened: a QD1 reader with a
 //! p99.9 SLO next to (1) a sequential writer, (2) a random-read aggressor, (4) a writer that
 //! comes and goes. Each test judges the reader by fio's own log (what the client saw over the
-//! steady phase; the disk's per-cycle p99.9 near the knee straddles the target, and in 20
-//! cycles a few of them say more about the sample than the control) and holds `adaptive` to a
-//! work-conservation floor measured in the same test: a static cap 25 % above what
-//! `adaptive` gave the aggressor must break the SLO (else `adaptive` left a fifth of the
-//! disk idle), both judged alike: fio's p99.9 within the SLO and at most one violating
-//! cycle in five. The benchmark (`--bin scenarios`) holds it to 90 % of the best static cap,
-//! median of 3 runs.
+//! steady phase) and by its per-cycle p99.9, and holds `adaptive` to a work-conservation
+//! floor measured in the same test: a static cap 25 % above what `adaptive` gave the
+//! aggressor must break the SLO (else `adaptive` left a fifth of the disk idle), both judged
+//! alike: fio's p99.9 within the SLO and at most one violating cycle in five, over two
+//! rounds of the modes alternated. The benchmark (`--bin scenarios`) holds it to 90 % of the
+//! best static cap, median of 3 runs.
 
 use isolator_tests::{
     disk_of, require_root, require_tool,
@@ -34,41 +33,85 @@ fn run(s: &(Scratch, Files, String), sc: &Scenario, mode: Mode) -> Outcome {
     o
 }
 
-/// The SLO held as the reader saw it (fio's p99.9 over the steady phase, and per cycle at
-/// most one violating cycle in five: the 1-in-10 target with room for a 20-cycle sample),
-/// back within 3 cycles of the aggressor breaking it, and a static cap 25 % above the
-/// aggressor's steady rate breaking it by the same measure. (One in three let a static cap
-/// that broke the target in 6 cycles of 19 count as holding it.)
-fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
+/// Rounds of (adaptive, static cap) in each test, alternated: the disk drifts within
+/// minutes (seen: a writer's knee at ~480 MB/s, then ~290 MB/s 20 s later), so one static
+/// run after one adaptive run judged the disk as much as the control.
+const ROUNDS: usize = 2;
+
+/// Whether the runs together kept the SLO: fio's p99.9 over each run's steady phase within
+/// it, and at most one violating cycle in [`KEEPS_ONE_IN`] over all their steady cycles
+/// (pooled: 20 cycles of one run are a small sample of a one-in-ten rate).
+fn kept(runs: &[&Outcome], slo_ms: u64) -> bool {
+    let (violations, cycles) = pooled(runs);
+    runs.iter().all(|o| o.steady_fio_p999_ms <= slo_ms as f64)
+        && cycles > 0
+        && violations * KEEPS_ONE_IN <= cycles
+}
+
+fn pooled(runs: &[&Outcome]) -> (usize, usize) {
+    runs.iter().fold((0, 0), |(v, c), o| {
+        (v + o.steady_violations, c + o.steady_cycles)
+    })
+}
+
+fn describe(runs: &[&Outcome]) -> String {
+    runs.iter()
+        .map(|o| {
+            format!(
+                "{}: fio p99.9 {:.2} ms, {}/{} violating, aggressor {:.0} MB/s",
+                o.mode.label(),
+                o.steady_fio_p999_ms,
+                o.steady_violations,
+                o.steady_cycles,
+                o.aggressor_steady_mbps
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// [`ROUNDS`] rounds of `adaptive`, then a static cap 25 % above the rate `adaptive` gave
+/// the aggressor in that round. Each adaptive run: the aggressor hurt the reader, and the
+/// SLO was back within 3 cycles (plus `each`). Over the rounds: `adaptive` kept the SLO as
+/// the reader saw it, and the static caps, judged alike, did not (else `adaptive` left a
+/// fifth of the disk idle).
+fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, each: impl Fn(&Outcome)) {
+    let mut adaptive = vec![];
+    let mut fixed = vec![];
+    for _ in 0..ROUNDS {
+        let o = run(s, sc, Mode::Policy("adaptive".into()));
+        assert!(
+            o.hurt[0],
+            "the aggressor never pushed the reader over its {} ms SLO: the scenario proves nothing on this disk ({:?})",
+            sc.slo_ms,
+            o.p999_ms
+        );
+        assert!(
+            o.cycles_to_slo.iter().all(|c| c.is_some_and(|c| c <= 3)),
+            "not back within the SLO 3 cycles after the aggressor broke it: {:?} ({:?})",
+            o.cycles_to_slo,
+            o.p999_ms
+        );
+        each(&o);
+        let above = ((o.aggressor_steady_mbps * 1.25).ceil() as u64).max(2);
+        fixed.push(run(s, sc, Mode::Static(above)));
+        adaptive.push(o);
+    }
+    let adaptive: Vec<&Outcome> = adaptive.iter().collect();
+    let fixed: Vec<&Outcome> = fixed.iter().collect();
+    println!("adaptive: {}", describe(&adaptive));
+    println!("static 1.25x: {}", describe(&fixed));
     assert!(
-        o.hurt[0],
-        "the aggressor never pushed the reader over its {} ms SLO: the scenario proves nothing on this disk ({:?})",
+        kept(&adaptive, sc.slo_ms),
+        "adaptive did not keep the {} ms SLO in the steady phases (at most 1 violating cycle in {KEEPS_ONE_IN} over the rounds): {}",
         sc.slo_ms,
-        o.p999_ms
+        describe(&adaptive)
     );
     assert!(
-        o.cycles_to_slo[0].is_some_and(|c| c <= 3),
-        "not back within the SLO 3 cycles after the aggressor broke it: {:?}",
-        o.p999_ms
-    );
-    assert!(
-        o.keeps_slo_with(KEEPS_ONE_IN),
-        "adaptive did not keep the SLO in the steady phase: fio p99.9 {:.2} ms (SLO {} ms), {}/{} violating cycles",
-        o.steady_fio_p999_ms,
+        !kept(&fixed, sc.slo_ms),
+        "static caps 1.25x the rates adaptive gave the aggressor kept the {} ms SLO too: adaptive left over a fifth of the disk idle. {}",
         sc.slo_ms,
-        o.steady_violations,
-        o.steady_cycles
-    );
-    let above = (o.aggressor_steady_mbps * 1.25).ceil() as u64;
-    let st = run(s, sc, Mode::Static(above.max(2)));
-    assert!(
-        !st.keeps_slo_with(KEEPS_ONE_IN),
-        "a static cap of {above} MB/s (1.25 x the {:.0} MB/s adaptive gave the aggressor) kept the SLO too \
-         (fio p99.9 {:.2} ms, {}/{} violating): adaptive left over a fifth of the disk idle",
-        o.aggressor_steady_mbps,
-        st.steady_fio_p999_ms,
-        st.steady_violations,
-        st.steady_cycles
+        describe(&fixed)
     );
 }
 
@@ -76,35 +119,28 @@ fn assert_controlled(s: &(Scratch, Files, String), sc: &Scenario, o: &Outcome) {
 fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
     let s = setup(false);
     let sc = Scenario::new(Aggressor::Writer, 5, 30);
-    let o = run(&s, &sc, Mode::Policy("adaptive".into()));
-    assert_controlled(&s, &sc, &o);
+    assert_controlled(&s, &sc, |_| {});
 }
 
 #[test]
 fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
     let s = setup(true);
     let sc = Scenario::new(Aggressor::RandomReader, 3, 30);
-    let o = run(&s, &sc, Mode::Policy("adaptive".into()));
-    assert_controlled(&s, &sc, &o);
+    assert_controlled(&s, &sc, |_| {});
 }
 
 #[test]
 fn on_off_scenario_adaptive_lifts_the_cap_at_rest_and_is_back_within_3_cycles() {
     let s = setup(false);
     let sc = Scenario::new(Aggressor::Writer, 5, 20).on_off(12, 2);
-    let o = run(&s, &sc, Mode::Policy("adaptive".into()));
-    assert_eq!(o.cycles_to_lift.len(), 1, "phases: {:?}", o.cycles_to_slo);
-    assert!(
-        o.cycles_to_lift[0].is_some_and(|c| c <= 5),
-        "the cap was not lifted within 5 cycles of the writer going quiet: {:?}",
-        o.cycles_to_lift
-    );
-    assert!(
-        o.cycles_to_slo.iter().all(|c| c.is_some_and(|c| c <= 3)),
-        "not back within the SLO 3 cycles after the writer broke it: {:?}",
-        o.cycles_to_slo
-    );
-    assert_controlled(&s, &sc, &o);
+    assert_controlled(&s, &sc, |o| {
+        assert_eq!(o.cycles_to_lift.len(), 1, "phases: {:?}", o.cycles_to_slo);
+        assert!(
+            o.cycles_to_lift[0].is_some_and(|c| c <= 5),
+            "the cap was not lifted within 5 cycles of the writer going quiet: {:?}",
+            o.cycles_to_lift
+        );
+    });
 }
 
 /// A QD1 reader alone whose target is below what the disk gives it alone: no cap on anybody
