@@ -13,7 +13,8 @@
 //! - Then a bisection in log space between the highest cap seen to hold (`good`: a window of
 //!   [`PROBE_CYCLES`] cycles without a violation or a near miss) and the lowest seen to break
 //!   an SLO (`bad`): a raise that breaks an SLO before it is confirmed goes back to `good`
-//!   on its first violation; the search stops when the two are within [`KNEE_PRECISION`].
+//!   on its first violation, and so does one whose window has a near miss; the search
+//!   stops when the two are within [`KNEE_PRECISION`].
 //! - Probing spends the budget of one violating cycle in ten: no raise while a violation
 //!   since the episode's start (the aggressor's arrival and its first cut) is in the last
 //!   [`NOISE_WINDOW`] cycles, unless the cap is [`FAR_FROM_KNEE`] under the knee. Measured on the test disk, the victim's per-cycle p99.9 near the
@@ -535,7 +536,13 @@ impl Adaptive {
             // cost two or three violating cycles per failed probe on the test disk, most of
             // the one-in-ten budget. A probe failed on noise costs only bandwidth until the
             // next one.
-            return self.fail_raise(d, a, (prev, raised), &victim.name, cause);
+            let why = format!(
+                "a raise to {:.0} MB/s broke {}'s SLO: back to the last cap that held, {:.0} MB/s",
+                raised as f64 / 1e6,
+                victim.name,
+                prev as f64 / 1e6
+            );
+            return self.fail_raise(d, a, (prev, raised), why, cause);
         }
         if !a.can_change(d.cycle) {
             return vec![];
@@ -618,18 +625,13 @@ impl Adaptive {
         d: &DeviceCycle,
         a: &ServiceLoad,
         (prev, raised): (u64, u64),
-        victim: &str,
+        why: String,
         cause: Cause,
     ) -> Vec<Decision> {
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.fell_back_at = Some(d.cycle);
         st.remember_bad(raised, d.cycle);
         st.before_raise = None;
-        let why = format!(
-            "a raise to {:.0} MB/s broke {victim}'s SLO: back to the last cap that held, {:.0} MB/s",
-            raised as f64 / 1e6,
-            prev as f64 / 1e6
-        );
         cap_bandwidth(a, d.dev, prev.max(a.floor_bps()), why, cause)
     }
 
@@ -736,6 +738,33 @@ impl Adaptive {
         }
         if !out.is_empty() {
             return out;
+        }
+        // A raise whose probe window is complete with a near miss in it did not hold with the
+        // margin the budget needs: back, and it is the knee. Seen on the test disk: a writer
+        // raised from 335 to 670 MB/s put the reader at 90-96 % of its target for six cycles,
+        // neither confirmed nor failed, and the trims that followed cost four violations.
+        for s in &d.services {
+            let (Some(cap), Some(prev)) = (
+                s.limit.total_bps(),
+                self.searches
+                    .get(&(d.dev, s.id))
+                    .and_then(|st| st.before_raise),
+            ) else {
+                continue;
+            };
+            let from = window_start(s);
+            if d.cycle + 1 >= from + PROBE_CYCLES
+                && !h.clean_window(from, d.cycle)
+                && s.can_change(d.cycle)
+            {
+                let why = format!(
+                    "a raise to {:.0} MB/s ran the p99.9 within {:.0} % of its target: back to the last cap that held, {:.0} MB/s",
+                    cap as f64 / 1e6,
+                    (1.0 - h.near_miss()) * 100.0,
+                    prev as f64 / 1e6
+                );
+                return self.fail_raise(d, s, (prev, cap), why, base_cause(d, s));
+            }
         }
         // A settled cap whose window p99.9 runs close to a target gives a little back.
         let settled: Vec<&ServiceLoad> = d
@@ -1070,6 +1099,33 @@ mod tests {
             }
             assert!(disk.cycle < 200, "no such probe in 200 cycles");
         }
+    }
+
+    /// A raise whose probe window runs the reader close to its target (a near miss, no
+    /// violation) is neither left on probation nor settled: it goes back to the cap that
+    /// held, and it is the knee.
+    #[test]
+    fn a_probe_that_runs_close_to_the_target_goes_back_without_a_violation() {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
+        disk.knee_scale = scale_for(&disk, 0.92, 0.98);
+        let h = disk.run(&mut p, PROBE_CYCLES + 2);
+        assert!(h.iter().all(|(c, _)| !c.services[0].violating()));
+        let back: Vec<&Decision> = h.iter().flat_map(|(_, d)| d).collect();
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(
+            back[0].to,
+            Some(good),
+            "raised to {raised}: {}",
+            back[0].reason
+        );
+        assert!(back[0].reason.contains("within"), "{}", back[0].reason);
+        assert_eq!(
+            p.searches[&(1, 1)].bad(disk.cycle),
+            Some(raised),
+            "the raise that ran close is the knee"
+        );
     }
 
     /// A probe that failed far above the cap that held leaves a knee far above it: the
