@@ -11,9 +11,10 @@ log() { printf 'bootstrap: %s\n' "$*" >&2; }
 # tests, protoc for the build (containerd-client compiles containerd's API protos),
 # prometheus (with promtool) and curl for the metrics test, which starts its own Prometheus,
 # systemd-analyze (systemd) to verify the unit, capsh (libcap2-bin) for the deploy tests'
-# capability masks.
+# capability masks, postgresql (the server, psql, pgbench and the postgres user) for the
+# database scenario, which makes its own throwaway cluster.
 PKGS=(fio bpftrace qemu-system-x86 busybox-static cpio zstd xz-utils kmod tmux mount docker.io
-  containerd protobuf-compiler prometheus curl systemd libcap2-bin)
+  containerd protobuf-compiler prometheus curl systemd libcap2-bin postgresql)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -38,9 +39,20 @@ if ((${#missing[@]})); then
   trap restore_policy EXIT
   printf '#!/bin/sh\nexit 101\n' >"$POLICY"
   chmod 755 "$POLICY"
+  # postgresql's postinst also creates a `main` cluster on a first install (policy-rc.d
+  # keeps it stopped; the service would start it at the next boot). The clusters this
+  # install made are dropped below; any that were there before are left alone.
+  clusters() { if command -v pg_lsclusters >/dev/null; then pg_lsclusters -h | awk '{print $1, $2}'; fi; }
+  clusters_before=$(clusters)
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   restore_policy
   trap - EXIT
+  while read -r version cluster; do
+    [[ -n "$version" ]] || continue
+    grep -qxF "$version $cluster" <<<"$clusters_before" && continue
+    log "pg_dropcluster --stop $version $cluster (made by the postgresql install; the tests make their own)"
+    pg_dropcluster --stop "$version" "$cluster"
+  done <<<"$(clusters)"
 fi
 
 # Rust toolchains: stable (from rust-toolchain.toml) with the musl target for the static

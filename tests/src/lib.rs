@@ -184,22 +184,39 @@ impl TestCgroup {
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        for _ in 0..50 {
-            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-            {
-                // SAFETY: plain kill(2).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        kill_and_remove_cgroup(&self.dir);
     }
 }
+
+/// Kills every process in the cgroup at `dir` and removes it, retrying for up to 5 s while
+/// the dying processes still hold it.
+pub fn kill_and_remove_cgroup(dir: &Path) {
+    for _ in 0..50 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The agent flags for no event socket and no container runtimes: for tests that watch
+/// plain cgroups only.
+pub const SOCKETS_OFF: [&str; 6] = [
+    "--socket",
+    "off",
+    "--docker-socket",
+    "off",
+    "--containerd-socket",
+    "off",
+];
 
 /// A cgroup's read-bandwidth limit on one device, in either cgroup mode: the knob the
 /// tests of what the agent writes and puts back look at.
@@ -364,8 +381,22 @@ impl Agent {
     /// As [`Agent::start_with_env`], run through `wrapper` (e.g. `setpriv` and its
     /// arguments), which execs the agent's command line that follows it.
     pub fn start_wrapped(wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let agent = Agent::spawn(wrapper, extra, env);
-        agent.wait_for(|e| e["type"] == "agent_start", Duration::from_secs(30));
+        let mut agent = Agent::spawn(wrapper, extra, env);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !agent.events().iter().any(|e| e["type"] == "agent_start") {
+            // An agent that refused to start (a bad flag, another agent enforcing on the
+            // host) says why on stderr.
+            if !agent.running() {
+                let (status, stderr) = agent.wait_exit(Duration::from_secs(1));
+                panic!("the agent exited before agent_start ({status}): {stderr}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agent_start within 30 s; got: {:?}",
+                agent.events()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         agent
     }
 
@@ -595,11 +626,18 @@ pub mod noisy {
     /// The reader's 512 MiB file and the writer's 4 GiB (fallocated) file in `scratch`,
     /// once the disk has settled (see [`wait_for_settled_disk`]).
     pub fn files(scratch: &Scratch) -> (PathBuf, PathBuf) {
-        let (rfile, wfile) = (scratch.path("r.dat"), scratch.path("w.dat"));
+        let rfile = scratch.path("r.dat");
         make_file(&rfile, 512 << 20);
-        run_ok(Command::new("fallocate").arg("-l").arg("4G").arg(&wfile));
+        let wfile = writer_file(scratch);
         wait_for_settled_disk(&rfile);
         (rfile, wfile)
+    }
+
+    /// The writer's 4 GiB file in `scratch`, fallocated (nothing written yet).
+    pub fn writer_file(scratch: &Scratch) -> PathBuf {
+        let wfile = scratch.path("w.dat");
+        run_ok(Command::new("fallocate").arg("-l").arg("4G").arg(&wfile));
+        wfile
     }
 
     /// p99.9 alone, at most, of a 1 s QD1 4 KiB random-read probe on a settled disk.
@@ -766,26 +804,13 @@ pub mod noisy {
             .collect()
     }
 
-    /// The control verdict the SLO issue asks for, from the agent's own per-cycle stats of
-    /// the reader `db` and the writer `backup`: within its SLO before the writer starts,
-    /// back under it within 3 cycles of the writer starting, violating at most one cycle in
-    /// five after that and never four in a row, and the writer keeping >= 30 MB/s. Prints
-    /// the per-cycle table; returns the writer's cycles (first, last) and its mean MB/s
-    /// after converging.
-    pub fn assert_adaptive_control(events: &[Value]) -> (u64, u64, f64) {
+    /// The per-cycle table of `db` (its state, p99.9, samples, IOPS, in flight, and what
+    /// was decided for it) next to `backup` (its MB/s and write limit), as the agent saw
+    /// them.
+    pub fn print_cycles(events: &[Value]) {
         let db_stats = service_stats(events, "db");
         let backup_stats = service_stats(events, "backup");
         let cycle = |e: &Value| e["cycle"].as_u64().unwrap();
-        let writer_cycles: Vec<u64> = backup_stats
-            .iter()
-            .filter(|e| e["write_mbps"].as_f64().unwrap() > 20.0)
-            .map(|e| cycle(e))
-            .collect();
-        assert!(
-            !writer_cycles.is_empty(),
-            "the writer was never seen as service 'backup'"
-        );
-        let (w_first, w_last) = (writer_cycles[0], *writer_cycles.last().unwrap());
         for e in &db_stats {
             let b = backup_stats.iter().find(|b| cycle(b) == cycle(e));
             // What was decided for db itself this cycle (a cap on the service the SLO
@@ -813,6 +838,29 @@ pub mod noisy {
                 }
             );
         }
+    }
+
+    /// The control verdict the SLO issue asks for, from the agent's own per-cycle stats of
+    /// the reader `db` and the writer `backup`: within its SLO before the writer starts,
+    /// back under it within 3 cycles of the writer starting, violating at most one cycle in
+    /// five after that and never four in a row, and the writer keeping >= 30 MB/s. Prints
+    /// the per-cycle table; returns the writer's cycles (first, last) and its mean MB/s
+    /// after converging.
+    pub fn assert_adaptive_control(events: &[Value]) -> (u64, u64, f64) {
+        let db_stats = service_stats(events, "db");
+        let backup_stats = service_stats(events, "backup");
+        let cycle = |e: &Value| e["cycle"].as_u64().unwrap();
+        let writer_cycles: Vec<u64> = backup_stats
+            .iter()
+            .filter(|e| e["write_mbps"].as_f64().unwrap() > 20.0)
+            .map(|e| cycle(e))
+            .collect();
+        assert!(
+            !writer_cycles.is_empty(),
+            "the writer was never seen as service 'backup'"
+        );
+        let (w_first, w_last) = (writer_cycles[0], *writer_cycles.last().unwrap());
+        print_cycles(events);
         let violating = |c: u64| {
             db_stats
                 .iter()
@@ -1088,6 +1136,8 @@ impl Drop for Dockerd {
         }
     }
 }
+
+pub mod postgres;
 
 /// The churn soak: cgroups created, doing one read each and removed again, in waves, while
 /// the agent controls a service whose glob matches every one of them (a best-effort

@@ -108,21 +108,22 @@ fn record_and_advise(first: (&str, Load), second: (&str, Load)) -> Advice {
     )
     .unwrap();
     let journal = scratch.path("journal");
-    let mut agent = Agent::start(&[
-        "--interval",
-        "1s",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--dry-run",
-        "--journal-dir",
-        journal.to_str().unwrap(),
-        "--socket",
-        "off",
-        "--docker-socket",
-        "off",
-        "--containerd-socket",
-        "off",
-    ]);
+    let mut agent = Agent::start(
+        &[
+            [
+                "--interval",
+                "1s",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--dry-run",
+                "--journal-dir",
+                journal.to_str().unwrap(),
+            ]
+            .as_slice(),
+            &SOCKETS_OFF,
+        ]
+        .concat(),
+    );
     agent.wait_cycles(1);
     let mut one = a.spawn(&(first.1)(&dev.path, 0, ALONE_S + TOGETHER_S));
     std::thread::sleep(Duration::from_secs(ALONE_S));

@@ -6,8 +6,8 @@
 //! aggressor must isolate the reader worse than `adaptive` did (more violating cycles, or
 //! fio's p99.9 over the SLO), else `adaptive` left a third of the disk idle for nothing.
 //! `adaptive` itself must keep fio's p99.9 within the SLO and at most one violating cycle
-//! in five, over three rounds of the modes alternated. The benchmark (`--bin scenarios`) holds it to 90 % of the
-//! best static cap, median of 3 runs.
+//! in five, over three rounds of the modes alternated. The benchmark (`--bin scenarios`)
+//! holds it to 90 % of the best static cap, median of 3 runs.
 
 use isolator_tests::{
     disk_of, require_root, require_tool,

@@ -1,0 +1,551 @@
+//! A real database as the latency victim: a throwaway PostgreSQL cluster (Debian's
+//! package) whose server runs in a blkio test cgroup and in a v1 memory cgroup that may hold
+//! far less page cache than its data, so that its reads reach the disk; pgbench drives it at
+//! a fixed rate and logs every transaction's latency, which is what the scenario is judged
+//! on (not the agent's numbers).
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{noisy, require_tool, run_ok, unique, Scratch, TestCgroup};
+
+const PACKAGE_HINT: &str = "install Debian's postgresql package (scripts/bootstrap.sh does)";
+
+/// Debian's server binaries, /usr/lib/postgresql/<version>/bin, of the newest version
+/// installed that has initdb, pg_ctl, postgres, psql and pgbench.
+pub fn bin_dir() -> PathBuf {
+    let base = Path::new("/usr/lib/postgresql");
+    let tools = ["initdb", "pg_ctl", "postgres", "psql", "pgbench"];
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(base)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let version: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let bin = e.path().join("bin");
+                    tools
+                        .iter()
+                        .all(|t| bin.join(t).exists())
+                        .then_some((version, bin))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).unwrap_or_else(|| {
+        panic!(
+            "no PostgreSQL server with pgbench under {}/<version>/bin: {PACKAGE_HINT}",
+            base.display()
+        )
+    })
+}
+
+/// The `postgres` system user's (uid, gid): initdb and the server refuse to run as root.
+fn postgres_user() -> (u32, u32) {
+    // SAFETY: getpwnam with a NUL-terminated name; the fields are copied out at once, before
+    // any other call could reuse its static buffer (the tests that use it run one at a time).
+    let pw = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
+    assert!(
+        !pw.is_null(),
+        "no `postgres` system user (initdb refuses root): {PACKAGE_HINT}, which creates it"
+    );
+    // SAFETY: non-null pointer returned by getpwnam.
+    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+}
+
+/// A throwaway cgroup in the v1 memory hierarchy: its limit bounds the page cache of the
+/// processes in it. Its processes are killed and it is removed on drop.
+pub struct MemoryCgroup {
+    pub dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn new(prefix: &str) -> Self {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        assert!(
+            root.join("memory.limit_in_bytes").exists(),
+            "no v1 memory cgroup hierarchy at {}: the PostgreSQL scenario bounds the \
+             server's page cache with one",
+            root.display()
+        );
+        let dir = root.join(unique(prefix));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        MemoryCgroup { dir }
+    }
+
+    /// Sets memory.limit_in_bytes. Lowering it below the usage makes the kernel reclaim
+    /// (page cache first) until the usage fits; it answers EBUSY when it could not, so
+    /// this retries a few times before failing.
+    pub fn set_limit_bytes(&self, bytes: u64) {
+        let file = self.dir.join("memory.limit_in_bytes");
+        let mut last = None;
+        for _ in 0..10 {
+            match std::fs::write(&file, bytes.to_string()) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("write {bytes} to {}: {last:?}", file.display());
+    }
+
+    /// memory.usage_in_bytes: page cache and the processes' memory.
+    pub fn usage_bytes(&self) -> u64 {
+        let file = self.dir.join("memory.usage_in_bytes");
+        std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        crate::kill_and_remove_cgroup(&self.dir);
+    }
+}
+
+/// A PostgreSQL cluster in a scratch directory: the server listens only on a unix socket in
+/// that directory, and it and every backend run in `blkio` (the latency service's cgroup)
+/// and in a memory cgroup whose limit is well below the data. On drop the server is stopped
+/// (immediate), whatever is left in its cgroups is killed, and the cgroups and files go.
+pub struct Cluster {
+    bin: PathBuf,
+    uid: u32,
+    gid: u32,
+    /// Owned by `postgres`: the data directory, the server's socket and its log.
+    pub dir: PathBuf,
+    started: bool,
+    /// The server's blkio cgroup: the service under the SLO.
+    pub blkio: TestCgroup,
+    pub memory: MemoryCgroup,
+    /// Dropped last: the files go once nothing runs on them.
+    _scratch: Scratch,
+}
+
+/// What a cluster holds: pgbench's tables at `scale` (~15 MiB each), with the server's page
+/// cache bounded to `cache_limit_bytes` once they are written.
+#[derive(Debug, Clone, Copy)]
+pub struct Size {
+    pub scale: u32,
+    pub cache_limit_bytes: u64,
+}
+
+/// How pgbench drives the cluster: built-in select-only transactions (one random
+/// pgbench_accounts row by primary key) from `clients` connections on `threads` threads, at
+/// a fixed `rate_tps` (so a transaction's latency counts from when it was scheduled,
+/// schedule lag included, and does not depend on the throughput).
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub clients: u32,
+    pub threads: u32,
+    pub rate_tps: u32,
+}
+
+impl Cluster {
+    /// initdb, start, `pgbench -i` at `size.scale`, checkpoint, then the memory limit: the
+    /// data is written with the cache unbounded (fast) and the limit, set afterwards, makes
+    /// the kernel evict all but `cache_limit_bytes` of it.
+    pub fn create(size: Size) -> Cluster {
+        require_tool("setpriv");
+        let bin = bin_dir();
+        let (uid, gid) = postgres_user();
+        let scratch = Scratch::new();
+        let dir = scratch.path("pg");
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("chown {} to postgres: {e}", dir.display()));
+        let mut cluster = Cluster {
+            bin,
+            uid,
+            gid,
+            dir,
+            started: false,
+            blkio: TestCgroup::new("iso-pg"),
+            memory: MemoryCgroup::new("iso-pg"),
+            _scratch: scratch,
+        };
+        cluster.init_and_start();
+        cluster.load_tables(size.scale);
+        cluster.memory.set_limit_bytes(size.cache_limit_bytes);
+        cluster
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The command line that runs `program` from the server's bin directory as
+    /// `postgres` (setpriv execs it: no process in between).
+    fn postgres_argv(&self, program: &str) -> Vec<OsString> {
+        vec![
+            "setpriv".into(),
+            format!("--reuid={}", self.uid).into(),
+            format!("--regid={}", self.gid).into(),
+            "--clear-groups".into(),
+            "--".into(),
+            self.bin.join(program).into(),
+        ]
+    }
+
+    /// `program`, run as `postgres` in the cluster's directory.
+    fn as_postgres(&self, program: &str) -> Command {
+        let argv = self.postgres_argv(program);
+        let mut c = Command::new(&argv[0]);
+        c.args(&argv[1..]).current_dir(&self.dir);
+        c
+    }
+
+    fn init_and_start(&mut self) {
+        run_ok(self.as_postgres("initdb").arg("-D").arg(self.data()).args([
+            "--username=postgres",
+            "--auth=trust",
+            "--locale=C",
+            "--encoding=UTF8",
+            // A throwaway cluster: its catalog need not be fsynced.
+            "--no-sync",
+        ]));
+        // No TCP; the socket in the scratch directory. Small shared_buffers: the data is
+        // read through the page cache, which the memory cgroup bounds. wal_level minimal:
+        // `pgbench -i` writes its tables without WAL. No autovacuum: the only I/O of the
+        // service is pgbench's reads.
+        let conf = format!(
+            "\nlisten_addresses = ''\nunix_socket_directories = '{}'\nshared_buffers = 16MB\n\
+             wal_level = minimal\nmax_wal_senders = 0\nautovacuum = off\n",
+            self.dir.display()
+        );
+        let conf_file = self.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", conf_file.display()));
+        text.push_str(&conf);
+        std::fs::write(&conf_file, text).unwrap_or_else(|e| panic!("{}: {e}", conf_file.display()));
+        // pg_ctl forks the postmaster, which forks every backend: all of them inherit the
+        // two cgroups the shell joins before it execs.
+        self.started = true;
+        let join = format!(
+            "echo $$ > {} && echo $$ > {} && exec \"$@\"",
+            self.blkio.dir.join("cgroup.procs").display(),
+            self.memory.dir.join("cgroup.procs").display()
+        );
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &join, "sh"])
+            .args(self.postgres_argv("pg_ctl"))
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .args(["-w", "-t", "120", "start"])
+            .current_dir(&self.dir);
+        run_ok(&mut cmd);
+    }
+
+    fn load_tables(&self, scale: u32) {
+        // d: drop, t: create, g: generate (COPY), v: vacuum, p: primary keys.
+        run_ok(
+            self.pgbench()
+                .args(["-i", "-q", "-I", "dtgvp", "-s"])
+                .arg(scale.to_string())
+                .arg("postgres"),
+        );
+        // Nothing dirty is left for the reclaim to wait on once the limit drops.
+        self.psql("CHECKPOINT");
+        run_ok(Command::new("sync").arg("-f").arg(self.data()));
+    }
+
+    /// pgbench (as root, a client over the socket), with its connection options.
+    fn pgbench(&self) -> Command {
+        let mut c = Command::new(self.bin.join("pgbench"));
+        c.arg("-h").arg(&self.dir).args(["-U", "postgres"]);
+        c
+    }
+
+    /// Runs `sql` with psql; its unaligned, tuples-only output.
+    pub fn psql(&self, sql: &str) -> String {
+        run_ok(
+            Command::new(self.bin.join("psql"))
+                .arg("-h")
+                .arg(&self.dir)
+                .args([
+                    "-U", "postgres", "-d", "postgres", "-X", "-A", "-t", "-c", sql,
+                ]),
+        )
+        .trim()
+        .to_string()
+    }
+
+    pub fn data_bytes(&self) -> u64 {
+        self.psql("SELECT pg_database_size('postgres')")
+            .parse()
+            .expect("pg_database_size")
+    }
+
+    /// The file of pgbench_accounts, the table the load reads: a file on the data's disk
+    /// for [`noisy::wait_for_settled_disk`] to probe (it reads it with O_DIRECT).
+    pub fn accounts_file(&self) -> PathBuf {
+        self.data()
+            .join(self.psql("SELECT pg_relation_filepath('pgbench_accounts')"))
+    }
+
+    /// Starts pgbench for `seconds` in the cluster's blkio cgroup (not its memory cgroup:
+    /// its log's page cache is not the server's), logging every transaction to
+    /// `<log_prefix>.<pid>[.<thread>]`; its report goes to `<log_prefix>.out`. A client of
+    /// the service does no disk I/O of its own (its log is written back by the kernel,
+    /// which v1 charges to the root cgroup); in the service's cgroup it is killed with the
+    /// cluster on a panic.
+    pub fn start_pgbench(&self, load: Load, seconds: u64, log_prefix: &Path) -> Child {
+        let out_file = PathBuf::from(format!("{}.out", log_prefix.display()));
+        let out = std::fs::File::create(&out_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", out_file.display()));
+        let err = out.try_clone().unwrap();
+        let bench = self.pgbench();
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {} && exec \"$@\"",
+                self.blkio.dir.join("cgroup.procs").display()
+            ))
+            .arg("sh")
+            .arg(bench.get_program())
+            .args(bench.get_args())
+            .args(["-n", "-S", "-c"])
+            .arg(load.clients.to_string())
+            .arg("-j")
+            .arg(load.threads.to_string())
+            .arg("-R")
+            .arg(load.rate_tps.to_string())
+            .arg("-T")
+            .arg(seconds.to_string())
+            .arg("--log")
+            .arg(format!("--log-prefix={}", log_prefix.display()))
+            .arg("postgres")
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn pgbench: {e}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self
+                .as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "immediate", "-w", "-t", "30", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        // The cgroups' drops kill whatever is left; the scratch directory goes last.
+    }
+}
+
+/// One transaction of pgbench's per-transaction log.
+#[derive(Debug, Clone, Copy)]
+pub struct Transaction {
+    /// When it ended, in µs since the Unix epoch.
+    pub end_us: u64,
+    /// From its scheduled start to its end (schedule lag included), in µs.
+    pub latency_us: u64,
+    pub lag_us: u64,
+}
+
+impl Transaction {
+    /// When it was due by the fixed rate's schedule (its latency counts from there).
+    pub fn scheduled_us(&self) -> u64 {
+        self.end_us.saturating_sub(self.latency_us)
+    }
+}
+
+/// Every transaction pgbench logged, and the ones it logged as failed or skipped.
+#[derive(Debug, Default)]
+pub struct LatencyLog {
+    pub transactions: Vec<Transaction>,
+    pub not_done: usize,
+}
+
+impl LatencyLog {
+    /// Reads every `<prefix>.<pid>[.<thread>]` file. Lines are `client_id transaction_no
+    /// time script_no time_epoch time_us [schedule_lag]`, with `time` the latency in µs
+    /// (or `failed`/`skipped`) and time_epoch/time_us when the transaction ended.
+    pub fn read(prefix: &Path) -> LatencyLog {
+        let dir = prefix.parent().unwrap();
+        let stem = format!("{}.", prefix.file_name().unwrap().to_string_lossy());
+        let mut log = LatencyLog::default();
+        let mut files = 0;
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let Some(rest) = name.strip_prefix(&stem) else {
+                continue;
+            };
+            if !rest.split('.').all(|p| p.parse::<u32>().is_ok()) {
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            for line in text.lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                assert!(f.len() >= 6, "{name}: not a pgbench log line: {line}");
+                let Ok(latency_us) = f[2].parse::<u64>() else {
+                    log.not_done += 1;
+                    continue;
+                };
+                let secs: u64 = f[4].parse().unwrap();
+                let micros: u64 = f[5].parse().unwrap();
+                log.transactions.push(Transaction {
+                    end_us: secs * 1_000_000 + micros,
+                    latency_us,
+                    lag_us: f.get(6).and_then(|l| l.parse().ok()).unwrap_or(0),
+                });
+            }
+        }
+        assert!(files > 0, "no pgbench log {}*", prefix.display());
+        log
+    }
+
+    /// p99.9 (nearest rank) of the latencies of the transactions scheduled in
+    /// `from_us..to_us` (epoch µs), and how many there were. By when a transaction was
+    /// due, not when it ended: one that ends in a phase after waiting out the backlog of
+    /// the phase before belongs to the phase that made it wait.
+    pub fn p999_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
+        self.p999_of(from_us, to_us, |t| t.latency_us)
+    }
+
+    /// As [`LatencyLog::p999_us`], of the time from each transaction's actual start (its
+    /// latency less its schedule lag): what the server took, without the client's backlog.
+    pub fn p999_started_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
+        self.p999_of(from_us, to_us, |t| t.latency_us.saturating_sub(t.lag_us))
+    }
+
+    fn p999_of(
+        &self,
+        from_us: u64,
+        to_us: u64,
+        value: impl Fn(&Transaction) -> u64,
+    ) -> (u64, usize) {
+        let mut lat: Vec<u64> = self
+            .transactions
+            .iter()
+            .filter(|t| (from_us..to_us).contains(&t.scheduled_us()))
+            .map(value)
+            .collect();
+        assert!(
+            !lat.is_empty(),
+            "no pgbench transaction scheduled in {from_us}..{to_us} µs"
+        );
+        lat.sort_unstable();
+        let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
+        (lat[idx], lat.len())
+    }
+}
+
+/// Now, in µs since the Unix epoch: the clock of pgbench's log.
+pub fn epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// One run of pgbench, with when its phases began and ended (epoch µs).
+#[derive(Debug)]
+pub struct Run {
+    pub log: LatencyLog,
+    pub pgbench_ok: bool,
+    /// pgbench's own report (stdout and stderr).
+    pub report: String,
+    pub start_us: u64,
+    pub end_us: u64,
+    /// When the writer ran, if it did, and whether fio succeeded.
+    pub writer: Option<(u64, u64, bool)>,
+}
+
+impl Run {
+    /// p99.9 in µs of the transactions scheduled from `skip_ms` after pgbench started to
+    /// the writer's start (or pgbench's end without one), and their count.
+    pub fn solo_p999_us(&self, skip_ms: u64) -> (u64, usize) {
+        let to = self.writer.map_or(self.end_us, |(start, _, _)| start);
+        self.log.p999_us(self.start_us + skip_ms * 1000, to)
+    }
+
+    /// p99.9 in µs of the transactions scheduled from `settle_ms` after the writer
+    /// started to its end, and their count.
+    pub fn writer_p999_us(&self, settle_ms: u64) -> (u64, usize) {
+        let (start, end, _) = self.writer.expect("a run with the writer");
+        self.log.p999_us(start + settle_ms * 1000, end)
+    }
+
+    /// As [`Run::writer_p999_us`], without the schedule lag.
+    pub fn writer_p999_started_us(&self, settle_ms: u64) -> u64 {
+        let (start, end, _) = self.writer.expect("a run with the writer");
+        self.log.p999_started_us(start + settle_ms * 1000, end).0
+    }
+
+    /// The throughput line of pgbench's report ("tps = ...").
+    pub fn tps_line(&self) -> &str {
+        self.report
+            .lines()
+            .find(|l| l.starts_with("tps"))
+            .unwrap_or("")
+    }
+}
+
+fn finish(mut bench: Child, prefix: &Path, start_us: u64, writer: Option<(u64, u64, bool)>) -> Run {
+    let pgbench_ok = bench.wait().is_ok_and(|s| s.success());
+    let end_us = epoch_us();
+    let report = std::fs::read_to_string(format!("{}.out", prefix.display())).unwrap_or_default();
+    Run {
+        log: LatencyLog::read(prefix),
+        pgbench_ok,
+        report,
+        start_us,
+        end_us,
+        writer,
+    }
+}
+
+/// pgbench alone for `seconds`, logging under `scratch` as `name`.
+pub fn run_alone(
+    cluster: &Cluster,
+    load: Load,
+    seconds: u64,
+    scratch: &Scratch,
+    name: &str,
+) -> Run {
+    let prefix = scratch.path(name);
+    let start_us = epoch_us();
+    let bench = cluster.start_pgbench(load, seconds, &prefix);
+    finish(bench, &prefix, start_us, None)
+}
+
+/// The scenario (under an agent the caller started): pgbench alone for `solo_s`, then the
+/// backup-like writer ([`noisy::writer`]: 1 MiB sequential O_DIRECT writes at QD32 over
+/// `wfile`) in `backup` for `writer_s` next to it, then pgbench 2 s more.
+pub fn run_next_to_writer(
+    cluster: &Cluster,
+    load: Load,
+    (backup, wfile): (&TestCgroup, &Path),
+    (solo_s, writer_s): (u64, u64),
+    scratch: &Scratch,
+    name: &str,
+) -> Run {
+    let prefix = scratch.path(name);
+    let start_us = epoch_us();
+    let bench = cluster.start_pgbench(load, solo_s + writer_s + 2, &prefix);
+    std::thread::sleep(Duration::from_secs(solo_s));
+    let writer_start_us = epoch_us();
+    let mut writer = backup.spawn(&noisy::writer(wfile, writer_s));
+    let writer_ok = writer.wait().is_ok_and(|s| s.success());
+    let writer_end_us = epoch_us();
+    finish(
+        bench,
+        &prefix,
+        start_us,
+        Some((writer_start_us, writer_end_us, writer_ok)),
+    )
+}
