@@ -416,6 +416,18 @@ impl LatencyLog {
         self.p999_of(from_us, to_us, |t| t.latency_us)
     }
 
+    /// [`LatencyLog::p999_us`] of each of `windows` equal windows of `from_us..to_us`, in
+    /// order.
+    pub fn window_p999_us(&self, from_us: u64, to_us: u64, windows: u64) -> Vec<(u64, usize)> {
+        let width_us = (to_us - from_us) / windows;
+        (0..windows)
+            .map(|i| {
+                let start = from_us + i * width_us;
+                self.p999_us(start, start + width_us)
+            })
+            .collect()
+    }
+
     /// As [`LatencyLog::p999_us`], of the time from each transaction's actual start (its
     /// latency less its schedule lag): what the server took, without the client's backlog.
     pub fn p999_started_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
@@ -478,6 +490,13 @@ impl Run {
     pub fn writer_p999_us(&self, settle_ms: u64) -> (u64, usize) {
         let (start, end, _) = self.writer.expect("a run with the writer");
         self.log.p999_us(start + settle_ms * 1000, end)
+    }
+
+    /// As [`Run::writer_p999_us`], of each of `windows` equal windows of that phase.
+    pub fn writer_window_p999_us(&self, settle_ms: u64, windows: u64) -> Vec<(u64, usize)> {
+        let (start, end, _) = self.writer.expect("a run with the writer");
+        self.log
+            .window_p999_us(start + settle_ms * 1000, end, windows)
     }
 
     /// As [`Run::writer_p999_us`], without the schedule lag.
