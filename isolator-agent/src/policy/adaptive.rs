@@ -389,6 +389,17 @@ fn window_start(s: &ServiceLoad) -> u64 {
     s.changed_cycle.map_or(0, |c| c + 2)
 }
 
+/// The lowest cap `adaptive` sets on `s`: its floor, and for a throughput service its rate
+/// target too. That target is a promise like a latency target: a cap under it would make
+/// the service a victim of the cut meant to protect another, so a throughput service is an
+/// aggressor only down to its rate ("above target", in [`class_rank`]).
+fn least_cap_bps(s: &ServiceLoad) -> u64 {
+    match s.class {
+        SloClass::Throughput { rate_bps } => s.floor_bps().max(rate_bps),
+        _ => s.floor_bps(),
+    }
+}
+
 fn class_rank(s: &ServiceLoad) -> Option<u8> {
     match s.class {
         SloClass::BestEffort => Some(0),
@@ -406,7 +417,7 @@ impl Adaptive {
             .filter(|s| s.id != victim.id && d.share(s.id) >= 0.05 && s.bps() > 0.0)
             .filter(|s| {
                 // Already pinned at its floor: nothing left to take.
-                s.limit.total_bps().is_none_or(|c| c > s.floor_bps())
+                s.limit.total_bps().is_none_or(|c| c > least_cap_bps(s))
             })
             .filter_map(|s| class_rank(s).map(|r| (r, s)))
             .min_by(|(ra, a), (rb, b)| ra.cmp(rb).then(d.share(b.id).total_cmp(&d.share(a.id))))
@@ -485,7 +496,7 @@ impl Adaptive {
         let st = self.searches.entry((d.dev, s.id)).or_default();
         st.remember_bad(cap, d.cycle);
         st.before_raise = None;
-        let to = ((cap as f64 * factor) as u64).max(s.floor_bps());
+        let to = ((cap as f64 * factor) as u64).max(least_cap_bps(s));
         st.held = Some(to);
         let why = match window {
             Some((f, n)) => format!(
@@ -604,7 +615,7 @@ impl Adaptive {
             let factor = (slo as f64 / l as f64).powi(2).clamp(GENTLE_CUT_MIN, 0.9);
             let st = self.searches.entry((d.dev, a.id)).or_default();
             st.remember_bad(cap, d.cycle);
-            let to = ((cap as f64 * factor) as u64).max(a.floor_bps());
+            let to = ((cap as f64 * factor) as u64).max(least_cap_bps(a));
             st.held = Some(to);
             let why = format!(
                 "{} violated its SLO twice in {NOISE_WINDOW} cycles under this cap: cut to {:.0} %",
@@ -633,7 +644,7 @@ impl Adaptive {
                     "aggressor of {} is back: the cap that held last time",
                     victim.name
                 );
-                return cap_bandwidth(a, d.dev, g.max(a.floor_bps()), why, cause);
+                return cap_bandwidth(a, d.dev, g.max(least_cap_bps(a)), why, cause);
             }
         }
         self.decisive_cut(d, victim, a, current, cause)
@@ -653,7 +664,7 @@ impl Adaptive {
         st.fell_back_at = Some(d.cycle);
         st.remember_bad(raised, d.cycle);
         st.before_raise = None;
-        cap_bandwidth(a, d.dev, prev.max(a.floor_bps()), why, cause)
+        cap_bandwidth(a, d.dev, prev.max(least_cap_bps(a)), why, cause)
     }
 
     /// Whether `a`'s cap is the episode's first cut and its first full cycle still broke an
@@ -722,8 +733,8 @@ impl Adaptive {
             .filter(|s| s.id != victim.id)
             .map(|s| if s.id == a.id { current } else { s.bps() })
             .sum();
-        let cap =
-            ((others * factor - (others - current)).max(current * 0.05) as u64).max(a.floor_bps());
+        let cap = ((others * factor - (others - current)).max(current * 0.05) as u64)
+            .max(least_cap_bps(a));
         let why = format!(
             "aggressor of {}: largest device share; cap at {:.0} % of its rate",
             victim.name,
@@ -1291,6 +1302,42 @@ mod tests {
         assert!(
             to.is_some_and(|t| (t as f64) <= under * 0.25 + 1.0),
             "the writer passed {under:.0} B/s under a first cut of {cap}: cut to {to:?}"
+        );
+    }
+
+    /// A throughput service above its rate target is an aggressor down to that target and
+    /// no further, even when the reader it hurts is still over its SLO there: every cap set
+    /// on it stays at or over its rate.
+    #[test]
+    fn a_throughput_aggressor_is_never_capped_under_its_rate() {
+        // Where a best-effort writer settles next to the reader on this disk.
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 40);
+        let knee = disk.services[1]
+            .limit
+            .total_bps()
+            .expect("the best-effort writer was capped");
+        // The same writer with a rate target twice that: no cap under it can be kept.
+        let rate_bps = 2 * knee;
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("reader", 5.0, 1.0),
+            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 2400.0, 5),
+        ]);
+        let mut p = Adaptive::default();
+        let h = disk.run(&mut p, 40);
+        let caps: Vec<u64> = h
+            .iter()
+            .flat_map(|(_, ds)| ds)
+            .filter_map(|d| d.to)
+            .collect();
+        assert!(
+            !caps.is_empty(),
+            "the writer over its rate was never capped"
+        );
+        assert!(
+            caps.iter().all(|&c| c as f64 >= rate_bps as f64 * 0.999),
+            "a cap under the writer's {rate_bps} B/s rate target: {caps:?}"
         );
     }
 
