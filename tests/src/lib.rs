@@ -618,6 +618,7 @@ pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
 /// floor).
 pub mod vm;
 
+pub mod mix;
 pub mod scenario;
 
 pub mod noisy {

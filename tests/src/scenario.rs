@@ -219,8 +219,8 @@ impl Outcome {
     }
 }
 
-/// Writes (or with 0 removes) the aggressor's bandwidth cap on `dev`.
-fn set_cap(cg: &TestCgroup, a: Aggressor, dev: &str, bytes_per_s: u64) -> Result<(), String> {
+/// Writes (or with 0 removes) the bandwidth cap of `a`'s direction on `cg` on `dev`.
+pub fn set_cap(cg: &TestCgroup, a: Aggressor, dev: &str, bytes_per_s: u64) -> Result<(), String> {
     let (v1, v2) = a.knob();
     let (file, line) = if cg.v2 {
         let v = if bytes_per_s == 0 {

@@ -6,16 +6,21 @@
 //! alone) and work conservation (aggressor rate over the best static cap's, found per
 //! repeat).
 //!
-//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off]
+//! `paper-mix` is paper 001's mix (see `isolator_tests::mix`): two latency readers and two
+//! writers, one with a rate target, all at once; its static modes cap each writer at the
+//! same rate, and its work conservation is the two writers' bytes together.
+//!
+//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
-//!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--seconds 40]
-//!     [--events-dir DIR]
+//!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--mix-caps 100,150,200,300]
+//!     [--seconds 40] [--events-dir DIR]
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
 use isolator_tests::{
     disk_of,
+    mix::{self, Mix, MixFiles, MixOutcome},
     scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
     Scratch,
 };
@@ -56,6 +61,7 @@ fn run() -> Result<()> {
         "writer".to_string(),
         "random-reader".into(),
         "on-off".into(),
+        "paper-mix".into(),
     ];
     let mut runs = 3u32;
     let mut slo_ms: Option<u64> = None;
@@ -63,6 +69,7 @@ fn run() -> Result<()> {
     let mut modes: Vec<String> = ["none", "static", "adaptive"].map(String::from).to_vec();
     let mut writer_caps: Vec<u64> = vec![200, 300, 400, 500, 600];
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
+    let mut mix_caps: Vec<u64> = vec![100, 150, 200, 300];
     let mut events_dir: Option<std::path::PathBuf> = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -76,10 +83,12 @@ fn run() -> Result<()> {
             "--modes" => modes = list(val()?, "--modes")?,
             "--writer-caps" => writer_caps = list(val()?, "--writer-caps: MB/s values")?,
             "--scan-caps" => scan_caps = list(val()?, "--scan-caps: MB/s values")?,
+            "--mix-caps" => mix_caps = list(val()?, "--mix-caps: MB/s values")?,
             "--events-dir" => events_dir = Some(val()?.into()),
             _ => bail!(
-                "usage: scenarios [--scenarios writer,random-reader,on-off] [--runs N] [--slo-ms N] \
-                 [--seconds N] [--modes none,static,{}] [--writer-caps ..] [--scan-caps ..] [--events-dir DIR]",
+                "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix] [--runs N] \
+                 [--slo-ms N] [--seconds N] [--modes none,static,{}] [--writer-caps ..] \
+                 [--scan-caps ..] [--mix-caps ..] [--events-dir DIR]",
                 POLICIES.join(",")
             ),
         }
@@ -89,8 +98,13 @@ fn run() -> Result<()> {
             bail!("--modes: unknown mode {m}; use none, static or a policy name");
         }
     }
+    let paper_mix = names
+        .iter()
+        .any(|n| n == "paper-mix")
+        .then(|| Mix::new(slo_ms.unwrap_or(5), seconds));
     let scenarios: Vec<(String, Scenario, Vec<u64>)> = names
         .iter()
+        .filter(|n| *n != "paper-mix")
         .map(|n| {
             // The SLO each aggressor breaks here by default (the random reader's p99.9 cost is
             // smaller than the writer's).
@@ -105,7 +119,7 @@ fn run() -> Result<()> {
                     &writer_caps,
                 ),
                 _ => {
-                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader or on-off")
+                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off or paper-mix")
                 }
             };
             let s = Scenario {
@@ -130,25 +144,63 @@ fn run() -> Result<()> {
             .iter()
             .any(|(_, s, _)| s.aggressor == Aggressor::RandomReader),
     );
+    let mix_files = paper_mix.as_ref().map(|_| MixFiles::new(&scratch));
     let dev = disk_of(&scratch.dir);
+    let mut mix_results: BTreeMap<String, Vec<MixOutcome>> = BTreeMap::new();
+    let mut mix_best: Vec<Option<MixOutcome>> = vec![];
     // (scenario, mode label) -> one outcome per repeat.
     let mut results: BTreeMap<(usize, String), Vec<Outcome>> = BTreeMap::new();
     let mut best: BTreeMap<usize, Vec<Option<Outcome>>> = BTreeMap::new();
+    // The modes of one repeat, in the order they run: alternated between repeats, so a
+    // drift of the disk within a repeat does not always favour the same modes.
+    let modes_of = |caps: &[u64], r: u32| {
+        let mut ms: Vec<Mode> = vec![];
+        for m in &modes {
+            match m.as_str() {
+                "none" => ms.push(Mode::None),
+                "static" => ms.extend(caps.iter().map(|&c| Mode::Static(c))),
+                p => ms.push(Mode::Policy(p.into())),
+            }
+        }
+        if r % 2 == 1 {
+            ms.reverse();
+        }
+        ms
+    };
     for r in 0..runs {
-        for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
-            let mut ms: Vec<Mode> = vec![];
-            for m in &modes {
-                match m.as_str() {
-                    "none" => ms.push(Mode::None),
-                    "static" => ms.extend(caps.iter().map(|&c| Mode::Static(c))),
-                    p => ms.push(Mode::Policy(p.into())),
+        if let (Some(m), Some(files)) = (&paper_mix, &mix_files) {
+            let mut outs = vec![];
+            for mode in modes_of(&mix_caps, r) {
+                eprintln!("run {} paper-mix: {}", r + 1, mode.label());
+                let o = mix::run(&scratch, files, &dev, m, &mode).map_err(anyhow::Error::msg)?;
+                eprintln!(
+                    "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
+                     backup {:.0} MB/s, {} changes",
+                    o.steady_violations,
+                    o.steady_cycles,
+                    o.db.steady_p999_ms,
+                    o.cache.steady_p999_ms,
+                    o.ingest_steady_mbps,
+                    o.backup_steady_mbps,
+                    o.steady_changes
+                );
+                if let Some(dir) = &events_dir {
+                    write_events(dir, "paper-mix", &mode, r, &o.events)?;
                 }
+                outs.push(o);
             }
-            // Alternate the order between repeats: a drift of the disk within a repeat
-            // does not always favour the same modes.
-            if r % 2 == 1 {
-                ms.reverse();
+            mix_best.push(
+                outs.iter()
+                    .filter(|o| matches!(o.mode, Mode::Static(_)) && o.keeps_slos())
+                    .max_by(|a, b| a.writers_mbps().total_cmp(&b.writers_mbps()))
+                    .cloned(),
+            );
+            for o in outs {
+                mix_results.entry(o.mode.label()).or_default().push(o);
             }
+        }
+        for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
+            let ms = modes_of(caps, r);
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
@@ -163,13 +215,7 @@ fn run() -> Result<()> {
                     o.steady_changes
                 );
                 if let Some(dir) = &events_dir {
-                    let f = dir.join(format!(
-                        "{name}-{}-run{}.ndjson",
-                        m.label().replace([' ', '/'], "-"),
-                        r + 1
-                    ));
-                    let text: String = o.events.iter().map(|e| format!("{e}\n")).collect();
-                    std::fs::write(&f, text).with_context(|| format!("writing {}", f.display()))?;
+                    write_events(dir, name, &m, r, &o.events)?;
                 }
                 outs.push(o);
             }
@@ -185,7 +231,88 @@ fn run() -> Result<()> {
         }
     }
     report(&scenarios, &results, &best, &dev, runs);
+    if let Some(m) = &paper_mix {
+        report_mix(m, &mix_results, &mix_best);
+    }
     Ok(())
+}
+
+fn write_events(
+    dir: &std::path::Path,
+    scenario: &str,
+    mode: &Mode,
+    repeat: u32,
+    events: &[serde_json::Value],
+) -> Result<()> {
+    let f = dir.join(format!(
+        "{scenario}-{}-run{}.ndjson",
+        mode.label().replace([' ', '/'], "-"),
+        repeat + 1
+    ));
+    let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(&f, text).with_context(|| format!("writing {}", f.display()))
+}
+
+fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Option<MixOutcome>]) {
+    let best_labels: Vec<String> = best
+        .iter()
+        .map(|b| b.as_ref().map_or("none".into(), |b| b.mode.label()))
+        .collect();
+    println!();
+    println!(
+        "### paper-mix: db (QD1, SLO {} ms) and cache (QD4, SLO {} ms) readers, ingest (throughput, \
+         {} MB/s) and backup (best-effort) writers, {} s; static caps each writer; best static \
+         per repeat: {}",
+        m.db_slo_ms,
+        m.cache_slo_ms,
+        m.ingest_rate_mbps,
+        m.seconds,
+        best_labels.join(", ")
+    );
+    println!();
+    println!("| mode | cycles to SLO db/cache | steady cycles with a violation | db p99.9 by fio | cache p99.9 by fio | ingest MB/s | backup MB/s | writers MB/s | cap changes in steady | isolation | latency impact db/cache | work conservation (share of best static) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut labels: Vec<&String> = results.keys().collect();
+    labels.sort_by_key(|l| (!l.starts_with("no"), !l.starts_with("static"), l.len(), *l));
+    for label in labels {
+        let outs = &results[label];
+        let med = |f: &dyn Fn(&MixOutcome) -> f64| median(outs.iter().map(f).collect());
+        let share: Vec<f64> = outs
+            .iter()
+            .zip(best)
+            .map(|(o, b)| {
+                b.as_ref()
+                    .map_or(f64::NAN, |b| o.writers_mbps() / b.writers_mbps())
+            })
+            .collect();
+        let to_slo: Vec<String> = outs
+            .iter()
+            .map(|o| {
+                let c = |r: &mix::Reader| r.cycles_to_slo.map_or("never".into(), |c| c.to_string());
+                format!("{}/{}", c(&o.db), c(&o.cache))
+            })
+            .collect();
+        println!(
+            "| {label} | {} | {:.0}/{:.0} | {:.2} ms | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2}/{:.2} | {} |",
+            to_slo.join(", "),
+            med(&|o| o.steady_violations as f64),
+            med(&|o| o.steady_cycles as f64),
+            med(&|o| o.db.steady_p999_ms),
+            med(&|o| o.cache.steady_p999_ms),
+            med(&|o| o.ingest_steady_mbps),
+            med(&|o| o.backup_steady_mbps),
+            med(&|o| o.writers_mbps()),
+            med(&|o| o.steady_changes as f64),
+            100.0 * med(&|o| o.isolation()),
+            med(&|o| o.db.steady_p999_ms / o.db.solo_p999_ms),
+            med(&|o| o.cache.steady_p999_ms / o.cache.solo_p999_ms),
+            if share.iter().all(|s| s.is_nan()) {
+                "-".to_string()
+            } else {
+                format!("{:.0} %", 100.0 * median(share))
+            }
+        );
+    }
 }
 
 fn report(

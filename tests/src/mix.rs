@@ -1,0 +1,338 @@
+//! Paper 001's mix on the real disk (issue 17, scenario 3): two latency services with
+//! different SLOs and two throughput services, one with a rate target, all at once.
+//!
+//! - `db`: 4 KiB QD1 random reads, latency, the tighter SLO;
+//! - `cache`: 4 KiB QD4 random reads of the same file, latency, a looser SLO;
+//! - `ingest`: 1 MiB QD32 O_DIRECT sequential writes, throughput with a rate target;
+//! - `backup`: the same writes to a file of its own, best-effort (20 MB/s floor).
+//!
+//! The readers run alone for a few seconds, then both writers start together. A static
+//! mode caps each writer at the same rate by hand (an operator's one limit for every batch
+//! job); a run keeps its promises when, over the steady cycles, both readers' p99.9 by
+//! fio's own logs is within their SLOs, at most one cycle in ten has a service violating,
+//! and `ingest` gets its rate. Work conservation is the two writers' bytes together.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{
+    noisy,
+    scenario::{self, Aggressor, Mode, STEADY_AFTER_CYCLES},
+    Agent, Scratch, TestCgroup,
+};
+
+/// The mix's targets and timing.
+#[derive(Debug, Clone)]
+pub struct Mix {
+    pub db_slo_ms: u64,
+    pub cache_slo_ms: u64,
+    pub ingest_rate_mbps: u64,
+    /// The readers alone first, this long.
+    pub solo_s: u64,
+    /// Then the writers, this long.
+    pub seconds: u64,
+}
+
+impl Mix {
+    pub fn new(db_slo_ms: u64, seconds: u64) -> Mix {
+        Mix {
+            db_slo_ms,
+            cache_slo_ms: 2 * db_slo_ms,
+            ingest_rate_mbps: 100,
+            solo_s: 5,
+            seconds,
+        }
+    }
+
+    fn config(&self, cg: &Cgroups) -> String {
+        format!(
+            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{}ms\"\n\n\
+             [[service]]\nname = \"cache\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{}ms\"\n\n\
+             [[service]]\nname = \"ingest\"\ncgroup = \"{}\"\nclass = \"throughput\"\nrate = \"{}MB/s\"\n\n\
+             [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
+            cg.db.rel_path(),
+            self.db_slo_ms,
+            cg.cache.rel_path(),
+            self.cache_slo_ms,
+            cg.ingest.rel_path(),
+            self.ingest_rate_mbps,
+            cg.backup.rel_path(),
+        )
+    }
+}
+
+struct Cgroups {
+    db: TestCgroup,
+    cache: TestCgroup,
+    ingest: TestCgroup,
+    backup: TestCgroup,
+}
+
+/// The mix's files: the readers' (shared), and one per writer.
+pub struct MixFiles {
+    reader: PathBuf,
+    ingest: PathBuf,
+    backup: PathBuf,
+}
+
+impl MixFiles {
+    pub fn new(scratch: &Scratch) -> MixFiles {
+        let (reader, backup) = noisy::files(scratch);
+        let ingest = scratch.path("w-ingest.dat");
+        crate::run_ok(
+            std::process::Command::new("fallocate")
+                .arg("-l")
+                .arg("4G")
+                .arg(&ingest),
+        );
+        MixFiles {
+            reader,
+            ingest,
+            backup,
+        }
+    }
+}
+
+/// One latency service's verdict over the steady cycles.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    pub slo_ms: u64,
+    pub steady_violations: usize,
+    /// p99.9 from fio's log: alone, and over the steady cycles.
+    pub solo_p999_ms: f64,
+    pub steady_p999_ms: f64,
+    /// Cycles from the writers' start to the first cycle from which this reader stays
+    /// within its SLO for 3 cycles (0: it never violated; None: never).
+    pub cycles_to_slo: Option<u64>,
+}
+
+/// What one run of the mix measured.
+#[derive(Debug, Clone)]
+pub struct MixOutcome {
+    pub mode: Mode,
+    pub db: Reader,
+    pub cache: Reader,
+    pub steady_cycles: usize,
+    /// Steady cycles with any service violating (a reader over its SLO, or `ingest`
+    /// backlogged under its rate).
+    pub steady_violations: usize,
+    pub ingest_rate_mbps: u64,
+    pub ingest_steady_mbps: f64,
+    pub backup_steady_mbps: f64,
+    /// Decisions on either writer in the steady cycles.
+    pub steady_changes: usize,
+    pub events: Vec<Value>,
+}
+
+impl MixOutcome {
+    /// Every promise kept in the steady cycles: both readers within their SLOs by fio,
+    /// at most one violating cycle in ten, `ingest` at its rate (5 % for measurement).
+    pub fn keeps_slos(&self) -> bool {
+        self.steady_cycles > 0
+            && self.db.steady_p999_ms <= self.db.slo_ms as f64
+            && self.cache.steady_p999_ms <= self.cache.slo_ms as f64
+            && self.steady_violations * 10 <= self.steady_cycles
+            && self.ingest_steady_mbps >= self.ingest_rate_mbps as f64 * 0.95
+    }
+    /// Both writers' MB/s together over the steady cycles.
+    pub fn writers_mbps(&self) -> f64 {
+        self.ingest_steady_mbps + self.backup_steady_mbps
+    }
+    /// resctl-bench's isolation: the share of steady cycles with no service violating.
+    pub fn isolation(&self) -> f64 {
+        1.0 - self.steady_violations as f64 / self.steady_cycles.max(1) as f64
+    }
+}
+
+fn cache_reader(file: &Path, runtime_s: u64, prefix: &Path) -> String {
+    format!(
+        "fio --name=c --filename={} --rw=randread --bs=4k --direct=1 --ioengine=libaio \
+         --iodepth=4 --time_based --runtime={runtime_s} --output=/dev/null \
+         --write_lat_log={} --log_avg_msec=0",
+        file.display(),
+        prefix.display()
+    )
+}
+
+/// Runs the mix in `mode`, again (up to twice, after the disk settles) when `db` alone was
+/// already over half its SLO before the writers started: that run would judge a slow spell
+/// of the disk, not the control (see [`scenario::run`]).
+pub fn run(
+    scratch: &Scratch,
+    files: &MixFiles,
+    dev: &str,
+    mix: &Mix,
+    mode: &Mode,
+) -> Result<MixOutcome, String> {
+    let mut slow = vec![];
+    for _ in 0..3 {
+        let o = run_once(scratch, files, dev, mix, mode)?;
+        if o.db.solo_p999_ms <= mix.db_slo_ms as f64 / 2.0 {
+            return Ok(o);
+        }
+        slow.push(o.db.solo_p999_ms);
+        noisy::wait_for_settled_disk(&files.reader);
+    }
+    Err(format!(
+        "{}: db alone was slow before the writers started in 3 runs (p99.9 {slow:.2?} ms, SLO {} ms): the disk never settled",
+        mode.label(),
+        mix.db_slo_ms
+    ))
+}
+
+fn run_once(
+    scratch: &Scratch,
+    files: &MixFiles,
+    dev: &str,
+    mix: &Mix,
+    mode: &Mode,
+) -> Result<MixOutcome, String> {
+    let cg = Cgroups {
+        db: TestCgroup::new("iso-mix-db"),
+        cache: TestCgroup::new("iso-mix-cache"),
+        ingest: TestCgroup::new("iso-mix-ingest"),
+        backup: TestCgroup::new("iso-mix-backup"),
+    };
+    let config = scratch.path("mix.toml");
+    std::fs::write(&config, mix.config(&cg)).map_err(|e| format!("{}: {e}", config.display()))?;
+    if let Mode::Static(mbps) = mode {
+        for w in [&cg.ingest, &cg.backup] {
+            scenario::set_cap(w, Aggressor::Writer, dev, mbps * 1_000_000)?;
+        }
+    }
+    let journal = scratch.path("journal");
+    let mut args = vec!["--policy".to_string()];
+    match mode {
+        Mode::Policy(p) => args.push(p.clone()),
+        _ => args.extend(["adaptive".into(), "--dry-run".into()]),
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start_controlling(&config, &journal, &args);
+    let (db_log, cache_log) = (scratch.path("mix-db"), scratch.path("mix-cache"));
+    let readers_s = mix.solo_s + mix.seconds + 2;
+    let t0 = Instant::now();
+    let mut readers = [
+        cg.db
+            .spawn(&noisy::reader(&files.reader, readers_s, &db_log)),
+        cg.cache
+            .spawn(&cache_reader(&files.reader, readers_s, &cache_log)),
+    ];
+    std::thread::sleep(Duration::from_secs(mix.solo_s));
+    let start_ms = t0.elapsed().as_millis() as u64;
+    let mut writers = [
+        cg.ingest.spawn(&noisy::writer(&files.ingest, mix.seconds)),
+        cg.backup.spawn(&noisy::writer(&files.backup, mix.seconds)),
+    ];
+    let writers_ok = writers
+        .iter_mut()
+        .all(|w| w.wait().is_ok_and(|s| s.success()));
+    let end_ms = t0.elapsed().as_millis() as u64;
+    let readers_ok = readers
+        .iter_mut()
+        .all(|r| r.wait().is_ok_and(|s| s.success()));
+    agent.wait_cycles(1);
+    let (status, stderr) = agent.stop();
+    if let Mode::Static(_) = mode {
+        for w in [&cg.ingest, &cg.backup] {
+            scenario::set_cap(w, Aggressor::Writer, dev, 0)?;
+        }
+    }
+    if !writers_ok || !readers_ok {
+        return Err(format!("{}: fio failed", mode.label()));
+    }
+    if !status.success() {
+        return Err(format!("{}: agent failed: {stderr}", mode.label()));
+    }
+    let events = agent.events();
+    let steady_from_ms = start_ms + (STEADY_AFTER_CYCLES + 1) * 1000;
+    let fio_p999 = |log: &Path, from: u64, to: u64| -> Result<f64, String> {
+        let lat = noisy::read_clat_log(log)?
+            .into_iter()
+            .filter(|(t, _)| (from..to).contains(t))
+            .map(|(_, v)| v)
+            .collect();
+        Ok(noisy::p999_ns(lat).map_or(f64::NAN, |p| p as f64 / 1e6))
+    };
+    // fio's first second is its start-up.
+    let solo = |log: &Path| fio_p999(log, 2000, start_ms);
+    let steady = |log: &Path| fio_p999(log, steady_from_ms, end_ms);
+    let mut o = outcome(mode.clone(), mix, &events);
+    o.db.solo_p999_ms = solo(&db_log)?;
+    o.db.steady_p999_ms = steady(&db_log)?;
+    o.cache.solo_p999_ms = solo(&cache_log)?;
+    o.cache.steady_p999_ms = steady(&cache_log)?;
+    Ok(o)
+}
+
+/// The per-cycle verdict from the agent's own records.
+fn outcome(mode: Mode, mix: &Mix, events: &[Value]) -> MixOutcome {
+    let cycle = |e: &Value| e["cycle"].as_u64().unwrap_or(0);
+    let stats = |name: &str| noisy::service_stats(events, name);
+    let (db, cache, ingest, backup) = (
+        stats("db"),
+        stats("cache"),
+        stats("ingest"),
+        stats("backup"),
+    );
+    let write_mbps = |s: &[&Value], c: u64| {
+        s.iter()
+            .find(|e| cycle(e) == c)
+            .map_or(0.0, |e| e["write_mbps"].as_f64().unwrap_or(0.0))
+    };
+    // The writers' phase as the agent saw it: from the first to the last cycle with their
+    // writes; its first and last cycles are partial.
+    let busy: Vec<u64> = ingest
+        .iter()
+        .chain(&backup)
+        .filter(|e| e["write_mbps"].as_f64().unwrap_or(0.0) > 1.0)
+        .map(|e| cycle(e))
+        .collect();
+    let (first, last) = (
+        busy.iter().copied().min().unwrap_or(0),
+        busy.iter().copied().max().unwrap_or(0),
+    );
+    let steady: Vec<u64> = (first + 1 + STEADY_AFTER_CYCLES..last).collect();
+    let violating =
+        |s: &[&Value], c: u64| s.iter().any(|e| cycle(e) == c && e["state"] == "violating");
+    let reader = |s: &[&Value], slo_ms: u64| Reader {
+        slo_ms,
+        steady_violations: steady.iter().filter(|&&c| violating(s, c)).count(),
+        solo_p999_ms: f64::NAN,
+        steady_p999_ms: f64::NAN,
+        cycles_to_slo: (first..=last)
+            .find(|&c| (c..c + 3).all(|k| !violating(s, k)))
+            .map(|c| c - first),
+    };
+    let writes = matches!(mode, Mode::Policy(_));
+    let changes: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            writes
+                && e["type"] == "decision"
+                && (e["service"] == "ingest" || e["service"] == "backup")
+        })
+        .map(cycle)
+        .collect();
+    let mean = |s: &[&Value]| {
+        steady.iter().map(|&c| write_mbps(s, c)).sum::<f64>() / steady.len().max(1) as f64
+    };
+    MixOutcome {
+        db: reader(&db, mix.db_slo_ms),
+        cache: reader(&cache, mix.cache_slo_ms),
+        steady_cycles: steady.len(),
+        steady_violations: steady
+            .iter()
+            .filter(|&&c| violating(&db, c) || violating(&cache, c) || violating(&ingest, c))
+            .count(),
+        ingest_rate_mbps: mix.ingest_rate_mbps,
+        ingest_steady_mbps: mean(&ingest),
+        backup_steady_mbps: mean(&backup),
+        steady_changes: steady.iter().filter(|c| changes.contains(c)).count(),
+        events: events.to_vec(),
+        mode,
+    }
+}
