@@ -7,8 +7,9 @@
 //! - `backup`: the same writes to a file of its own, best-effort (20 MB/s floor).
 //!
 //! The readers run alone for a few seconds, then both writers start together. A static
-//! mode caps each writer at the same rate by hand (an operator's one limit for every batch
-//! job); a run keeps its promises when, over the steady cycles, both readers' p99.9 by
+//! mode caps `ingest` at its rate target and `backup` at the mode's rate, by hand (what an
+//! operator would set: the promised rate, and what the disk can spare for the rest); a run
+//! keeps its promises when, over the steady cycles, both readers' p99.9 by
 //! fio's own logs is within their SLOs, at most one cycle in ten has a service violating,
 //! and `ingest` gets its rate. Work conservation is the two writers' bytes together.
 
@@ -200,9 +201,9 @@ fn run_once(
     let config = scratch.path("mix.toml");
     std::fs::write(&config, mix.config(&cg)).map_err(|e| format!("{}: {e}", config.display()))?;
     if let Mode::Static(mbps) = mode {
-        for w in [&cg.ingest, &cg.backup] {
-            scenario::set_cap(w, Aggressor::Writer, dev, mbps * 1_000_000)?;
-        }
+        let ingest_bps = mix.ingest_rate_mbps * 1_000_000;
+        scenario::set_cap(&cg.ingest, Aggressor::Writer, dev, ingest_bps)?;
+        scenario::set_cap(&cg.backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
     }
     let journal = scratch.path("journal");
     let mut args = vec!["--policy".to_string()];
