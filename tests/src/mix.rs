@@ -106,8 +106,8 @@ pub struct Reader {
     /// p99.9 from fio's log: alone, and over the steady cycles.
     pub solo_p999_ms: f64,
     pub steady_p999_ms: f64,
-    /// Cycles from the writers' start to the first cycle from which this reader stays
-    /// within its SLO for 3 cycles (0: it never violated; None: never).
+    /// Cycles from its first violating cycle after the writers start to the next within
+    /// its SLO, as in [`scenario::Outcome`] (0: it never violated; None: never back).
     pub cycles_to_slo: Option<u64>,
 }
 
@@ -304,9 +304,10 @@ fn outcome(mode: Mode, mix: &Mix, events: &[Value]) -> MixOutcome {
         steady_violations: steady.iter().filter(|&&c| violating(s, c)).count(),
         solo_p999_ms: f64::NAN,
         steady_p999_ms: f64::NAN,
-        cycles_to_slo: (first..=last)
-            .find(|&c| (c..c + 3).all(|k| !violating(s, k)))
-            .map(|c| c - first),
+        cycles_to_slo: match (first..=last).find(|&c| violating(s, c)) {
+            None => Some(0),
+            Some(f) => (f + 1..=last).find(|&c| !violating(s, c)).map(|c| c - f),
+        },
     };
     let writes = matches!(mode, Mode::Policy(_));
     let changes: Vec<u64> = events

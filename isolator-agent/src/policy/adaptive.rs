@@ -411,7 +411,17 @@ fn class_rank(s: &ServiceLoad) -> Option<u8> {
 }
 
 impl Adaptive {
-    fn aggressor<'a>(d: &'a DeviceCycle, victim: &ServiceLoad) -> Option<&'a ServiceLoad> {
+    fn aggressor<'a>(d: &'a DeviceCycle, victim: &'a ServiceLoad) -> Option<&'a ServiceLoad> {
+        Self::candidates(d, victim)
+            .min_by(|(ra, a), (rb, b)| ra.cmp(rb).then(d.share(b.id).total_cmp(&d.share(a.id))))
+            .map(|(_, s)| s)
+    }
+
+    /// Who may be cut for `victim`, with their class rank (lowest first).
+    fn candidates<'a>(
+        d: &'a DeviceCycle,
+        victim: &'a ServiceLoad,
+    ) -> impl Iterator<Item = (u8, &'a ServiceLoad)> + 'a {
         let total_bps: f64 = d.services.iter().map(ServiceLoad::bps).sum();
         d.services
             .iter()
@@ -419,7 +429,7 @@ impl Adaptive {
             // a writer throttled to 31-62 MB/s keeps so few requests in flight next to a
             // QD4 reader that by time alone it did not count, and a reader within its own
             // SLO was cut in its place (on the real disk, to 5 % of its rate).
-            .filter(|s| {
+            .filter(move |s| {
                 s.id != victim.id
                     && s.bps() > 0.0
                     && (d.share(s.id) >= 0.05 || s.bps() >= 0.05 * total_bps)
@@ -429,8 +439,6 @@ impl Adaptive {
                 s.limit.total_bps().is_none_or(|c| c > least_cap_bps(s))
             })
             .filter_map(|s| class_rank(s).map(|r| (r, s)))
-            .min_by(|(ra, a), (rb, b)| ra.cmp(rb).then(d.share(b.id).total_cmp(&d.share(a.id))))
-            .map(|(_, s)| s)
     }
 
     fn record_latency(&mut self, d: &DeviceCycle) {
@@ -1054,7 +1062,21 @@ impl Policy for Adaptive {
         };
         if let Some(a) = Self::aggressor(d, victim) {
             self.devices.entry(d.dev).or_default().alone = None;
-            return self.throttle(d, victim, a);
+            let mut out = self.throttle(d, victim, a);
+            // Aggressors that arrive together are cut together: one at a time, the second
+            // waits out the first's transition and the SLO is back at the fourth cycle
+            // (seen: two writers starting at once in paper 001's mix). Only uncapped ones
+            // that owe nothing (best-effort, throughput above target).
+            if a.limit.is_unlimited() && !out.is_empty() {
+                let more: Vec<&ServiceLoad> = Self::candidates(d, victim)
+                    .filter(|&(r, b)| r <= 1 && b.id != a.id && b.limit.is_unlimited())
+                    .map(|(_, b)| b)
+                    .collect();
+                for b in more {
+                    out.extend(self.throttle(d, victim, b));
+                }
+            }
+            return out;
         }
         self.alone(d, victim)
     }
@@ -1353,6 +1375,29 @@ mod tests {
             ds.iter().all(|d| d.service == c.services[2].id),
             "not the writer was cut: {ds:?}"
         );
+    }
+
+    /// Two writers that start together are both cut in the cycle they break the reader's
+    /// SLO, not one after the other's transition.
+    #[test]
+    fn aggressors_arriving_together_are_cut_together() {
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("reader", 5.0, 1.0),
+            SimService::writer("backup", SloClass::BestEffort, 1200.0, 5),
+            SimService::writer("ingest", SloClass::BestEffort, 1200.0, 5),
+        ]);
+        let mut p = Adaptive::default();
+        let first = (0..20)
+            .map(|_| {
+                let c = disk.step();
+                let ds = p.decide(&c);
+                disk.apply(&ds);
+                ds
+            })
+            .find(|ds| !ds.is_empty())
+            .expect("the writers were cut");
+        let cut: HashSet<ServiceId> = first.iter().map(|d| d.service).collect();
+        assert_eq!(cut.len(), 2, "{first:?}");
     }
 
     /// A throughput service above its rate target is an aggressor down to that target and
