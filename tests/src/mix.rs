@@ -169,20 +169,12 @@ pub fn run(
     mix: &Mix,
     mode: &Mode,
 ) -> Result<MixOutcome, String> {
-    let mut slow = vec![];
-    for _ in 0..3 {
-        let o = run_once(scratch, files, dev, mix, mode)?;
-        if o.db.solo_p999_ms <= mix.db_slo_ms as f64 / 2.0 {
-            return Ok(o);
-        }
-        slow.push(o.db.solo_p999_ms);
-        noisy::wait_for_settled_disk(&files.reader);
-    }
-    Err(format!(
-        "{}: db alone was slow before the writers started in 3 runs (p99.9 {slow:.2?} ms, SLO {} ms): the disk never settled",
-        mode.label(),
-        mix.db_slo_ms
-    ))
+    scenario::again_while_slow(
+        mode,
+        (&files.reader, mix.db_slo_ms),
+        || run_once(scratch, files, dev, mix, mode),
+        |o| o.db.solo_p999_ms,
+    )
 }
 
 fn run_once(
@@ -206,11 +198,7 @@ fn run_once(
         scenario::set_cap(&cg.backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
     }
     let journal = scratch.path("journal");
-    let mut args = vec!["--policy".to_string()];
-    match mode {
-        Mode::Policy(p) => args.push(p.clone()),
-        _ => args.extend(["adaptive".into(), "--dry-run".into()]),
-    }
+    let args = mode.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = Agent::start_controlling(&config, &journal, &args);
     let (db_log, cache_log) = (scratch.path("mix-db"), scratch.path("mix-cache"));
@@ -256,7 +244,7 @@ fn run_once(
             .filter(|(t, _)| (from..to).contains(t))
             .map(|(_, v)| v)
             .collect();
-        Ok(noisy::p999_ns(lat).map_or(f64::NAN, |p| p as f64 / 1e6))
+        Ok(scenario::p999_ms(lat))
     };
     // fio's first second is its start-up.
     let solo = |log: &Path| fio_p999(log, 2000, start_ms);

@@ -116,6 +116,17 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The agent's arguments for this mode: the policy, or `adaptive` in `--dry-run` when
+    /// nothing but the mode's own static caps may limit.
+    pub fn agent_args(&self) -> Vec<String> {
+        let mut args = vec!["--policy".to_string()];
+        match self {
+            Mode::Policy(p) => args.push(p.clone()),
+            _ => args.extend(["adaptive".into(), "--dry-run".into()]),
+        }
+        args
+    }
+
     pub fn label(&self) -> String {
         match self {
             Mode::None => "no control".into(),
@@ -236,7 +247,8 @@ pub fn set_cap(cg: &TestCgroup, a: Aggressor, dev: &str, bytes_per_s: u64) -> Re
     std::fs::write(&path, line).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-fn p999_ms(lat: Vec<u64>) -> f64 {
+/// The p99.9 in ms of latencies in ns (NaN when there are none).
+pub fn p999_ms(lat: Vec<u64>) -> f64 {
     noisy::p999_ns(lat).map_or(f64::NAN, |p| p as f64 / 1e6)
 }
 
@@ -251,24 +263,39 @@ pub fn run(
     scenario: &Scenario,
     mode: &Mode,
 ) -> Result<Outcome, String> {
+    again_while_slow(
+        mode,
+        (&files.reader, scenario.slo_ms),
+        || run_once(scratch, files, dev, scenario, mode),
+        |o| o.solo_p999_ms,
+    )
+}
+
+/// Runs `run` up to 3 times, waiting for the disk to settle between runs, until the reader
+/// of `reader_file` alone had a p99.9 (`solo_ms` of the run) within half its `slo_ms`.
+pub fn again_while_slow<T>(
+    mode: &Mode,
+    (reader_file, slo_ms): (&Path, u64),
+    mut run: impl FnMut() -> Result<T, String>,
+    solo_ms: impl Fn(&T) -> f64,
+) -> Result<T, String> {
     let mut slow = vec![];
     for _ in 0..3 {
-        let o = run_once(scratch, files, dev, scenario, mode)?;
-        if o.solo_p999_ms <= scenario.slo_ms as f64 / 2.0 {
+        let o = run()?;
+        let solo = solo_ms(&o);
+        if solo <= slo_ms as f64 / 2.0 {
             return Ok(o);
         }
         eprintln!(
-            "{}: the reader alone had a p99.9 of {:.2} ms before the aggressor started: the disk is in a slow spell; again once it settles",
+            "{}: the reader alone had a p99.9 of {solo:.2} ms before the aggressor started: the disk is in a slow spell; again once it settles",
             mode.label(),
-            o.solo_p999_ms
         );
-        slow.push(o.solo_p999_ms);
-        noisy::wait_for_settled_disk(&files.reader);
+        slow.push(solo);
+        noisy::wait_for_settled_disk(reader_file);
     }
     Err(format!(
-        "{}: the reader alone was slow before the aggressor started in 3 runs (p99.9 {slow:.2?} ms, target {} ms): the disk never settled",
+        "{}: the reader alone was slow before the aggressor started in 3 runs (p99.9 {slow:.2?} ms, target {slo_ms} ms): the disk never settled",
         mode.label(),
-        scenario.slo_ms
     ))
 }
 
@@ -290,11 +317,7 @@ pub fn run_once(
         set_cap(&backup, a, dev, mbps * 1_000_000)?;
     }
     let journal = scratch.path("journal");
-    let mut args = vec!["--policy".to_string()];
-    match mode {
-        Mode::Policy(p) => args.push(p.clone()),
-        _ => args.extend(["adaptive".into(), "--dry-run".into()]),
-    }
+    let args = mode.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = Agent::start_controlling(&config, &journal, &args);
     let aggressor_file = files.aggressor(a)?;

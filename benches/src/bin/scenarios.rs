@@ -238,6 +238,16 @@ fn run() -> Result<()> {
     Ok(())
 }
 
+/// Report order of mode labels: no control, the static caps (ascending), the policies.
+fn mode_order(label: &str) -> (bool, bool, usize, &str) {
+    (
+        !label.starts_with("no"),
+        !label.starts_with("static"),
+        label.len(),
+        label,
+    )
+}
+
 fn write_events(
     dir: &std::path::Path,
     scenario: &str,
@@ -263,8 +273,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
     println!(
         "### paper-mix: db (QD1, SLO {} ms) and cache (QD4, SLO {} ms) readers, ingest (throughput, \
          {} MB/s) and backup (best-effort) writers, {} s; static caps ingest at its rate and \
-         backup at the mode's; best static \
-         per repeat: {}",
+         backup at the mode's; best static per repeat: {}",
         m.db_slo_ms,
         m.cache_slo_ms,
         m.ingest_rate_mbps,
@@ -275,7 +284,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
     println!("| mode | cycles to SLO db/cache | steady cycles with a violation | db p99.9 by fio | cache p99.9 by fio | ingest MB/s | backup MB/s | writers MB/s | cap changes in steady | isolation | latency impact db/cache | work conservation (share of best static) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut labels: Vec<&String> = results.keys().collect();
-    labels.sort_by_key(|l| (!l.starts_with("no"), !l.starts_with("static"), l.len(), *l));
+    labels.sort_by_key(|l| mode_order(l));
     for label in labels {
         let outs = &results[label];
         let med = |f: &dyn Fn(&MixOutcome) -> f64| median(outs.iter().map(f).collect());
@@ -356,7 +365,7 @@ fn report(
             .filter(|(s, _)| *s == si)
             .map(|(_, l)| l)
             .collect();
-        labels.sort_by_key(|l| (!l.starts_with("no"), !l.starts_with("static"), l.len(), *l));
+        labels.sort_by_key(|l| mode_order(l));
         for label in labels {
             let outs = &results[&(si, label.clone())];
             let med = |f: &dyn Fn(&Outcome) -> f64| median(outs.iter().map(f).collect());

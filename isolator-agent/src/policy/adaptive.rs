@@ -725,16 +725,10 @@ impl Adaptive {
         // half (1063 -> 531 MB/s) broke twice more and the SLO was back at the fifth cycle.
         .clamp(
             0.05,
-            if self.first_cut_failed(d, a)
-                && a.limit
-                    .total_bps()
-                    .is_some_and(|cap| a.bps() < cap as f64 * UNBOUND)
-            {
-                0.25
-            } else if a.limit.total_bps().is_none() || self.first_cut_failed(d, a) {
-                0.5
-            } else {
-                0.9
+            match (a.limit.total_bps(), self.first_cut_failed(d, a)) {
+                (Some(cap), true) if a.bps() < cap as f64 * UNBOUND => 0.25,
+                (None, _) | (_, true) => 0.5,
+                _ => 0.9,
             },
         );
         self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
@@ -1283,20 +1277,30 @@ mod tests {
             "the writer going quiet raised the scatter estimate from {before:.3} to {after:.3}"
         );
     }
-    /// Runs the cycle after `cap` was set (no change may follow a change at once), then
-    /// `cap`'s first cycle in force with the disk slowed so that the reader is just over
-    /// its target and the old rate's queue still passing the cap (8 % over it): the cap
-    /// must be cut at once by at least half.
-    fn assert_cut_at_once_in_first_cycle_in_force(disk: &mut SimDisk, p: &mut Adaptive, cap: u64) {
+    /// Runs the cycle after a cap was set (no change may follow a change at once), then
+    /// the cap's first cycle in force with the disk slowed so that the reader is just over
+    /// its target and the writer passing `writer_bps`; the cap the policy set then.
+    fn cut_in_first_cycle_in_force(
+        disk: &mut SimDisk,
+        p: &mut Adaptive,
+        writer_bps: f64,
+    ) -> (Option<u64>, Vec<Decision>) {
         let ds = p.decide(&disk.step());
         assert!(ds.is_empty(), "{ds:?}");
         disk.apply(&ds);
         disk.knee_scale = scale_for(disk, 1.10, 1.18);
         let mut c = disk.step();
-        c.services[1].write_bps = cap as f64 * 1.08;
+        c.services[1].write_bps = writer_bps;
         assert!(c.services[0].violating());
         let ds = p.decide(&c);
-        let to = ds.first().and_then(|d| d.to);
+        (ds.first().and_then(|d| d.to), ds)
+    }
+
+    /// `cap`'s first cycle in force with the old rate's queue still passing it (8 % over
+    /// it) and the reader just over its target: the cap must be cut at once by at least
+    /// half.
+    fn assert_cut_at_once_in_first_cycle_in_force(disk: &mut SimDisk, p: &mut Adaptive, cap: u64) {
+        let (to, ds) = cut_in_first_cycle_in_force(disk, p, cap as f64 * 1.08);
         assert!(
             to.is_some_and(|t| (t as f64) <= cap as f64 * 0.5),
             "the cap {cap} broke the SLO in its first cycle in force: {ds:?}"
@@ -1329,15 +1333,8 @@ mod tests {
         let mut disk = pair();
         let mut p = Adaptive::default();
         let cap = run_until(&mut disk, &mut p, 20, |_| true).expect("the writer's arrival was cut");
-        let ds = p.decide(&disk.step());
-        assert!(ds.is_empty(), "{ds:?}");
-        disk.apply(&ds);
-        disk.knee_scale = scale_for(&disk, 1.10, 1.18);
-        let mut c = disk.step();
         let under = cap as f64 * 0.7;
-        c.services[1].write_bps = under;
-        assert!(c.services[0].violating());
-        let to = p.decide(&c).first().and_then(|d| d.to);
+        let (to, _) = cut_in_first_cycle_in_force(&mut disk, &mut p, under);
         assert!(
             to.is_some_and(|t| (t as f64) <= under * 0.25 + 1.0),
             "the writer passed {under:.0} B/s under a first cut of {cap}: cut to {to:?}"
