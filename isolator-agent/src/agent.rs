@@ -392,6 +392,10 @@ impl Agent {
         let stats_map = probe::StatsCapacity::of_this_host(limits)?;
         let btf = probe::load_btf(&opts.btf)?;
         let mut probe = Probe::load(btf, limits, opts.count_inflight)?;
+        let mut control = control;
+        if let Some(c) = control.as_mut() {
+            c.set_throttle_wait_timed(probe.features.throttle_wait_timed);
+        }
         let collector = Collector::new(
             &mut probe.ebpf,
             opts.idle_key_timeout.as_nanos() as u64,
@@ -431,7 +435,6 @@ impl Agent {
         for e in &early_events {
             sink.emit(e);
         }
-        let mut control = control;
         if let Some(c) = control.as_mut() {
             for e in c.apply_weights(0) {
                 sink.emit(&e);

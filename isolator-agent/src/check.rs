@@ -125,27 +125,43 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         ),
         Err(e) => item("tracepoints", Fail, e.to_string(), Some("see the message")),
     });
-    if let Result::Ok(features) = probe::KernelFeatures::detect(&btf) {
-        items.push(item(
-            "features",
-            Ok,
-            format!(
-                "{}; nothing degraded (the programs use only what 5.10 has: BTF tracepoints, plain atomic adds)",
-                features.describe()
-            ),
-            None,
-        ));
-    }
-
+    // What the kernel's BTF promises; when the programs are loaded here, what they got.
+    let mut features = probe::KernelFeatures::detect(&btf).ok();
+    let mut throttle_error = None;
     if privileged {
         items.push(match Probe::load(btf, probe::MapLimits::default(), true) {
-            Result::Ok(_p) => item(
-                "load",
-                Ok,
-                "programs loaded, verified and attached (then detached)",
-                None,
-            ),
+            Result::Ok(p) => {
+                features = Some(p.features);
+                throttle_error = p.throttle_error().map(str::to_string);
+                item(
+                    "load",
+                    Ok,
+                    "programs loaded, verified and attached (then detached)",
+                    None,
+                )
+            }
             Err(e) => item("load", Fail, e.to_string(), Some("see the message")),
+        });
+    }
+    if let Some(features) = features {
+        items.push(if features.throttle_wait_timed {
+            item(
+                "features",
+                Ok,
+                format!(
+                    "{}; the wait I/O limits impose is timed (fexit on the blk-throttle decision)",
+                    features.describe()
+                ),
+                None,
+            )
+        } else {
+            let why = throttle_error.map_or(String::new(), |e| format!(" ({e})"));
+            item(
+                "features",
+                Warn,
+                format!("{}{why}", features.describe()),
+                Some("a kernel with CONFIG_BLK_DEV_THROTTLING that allows fexit programs times it; until then adaptive never caps a latency service"),
+            )
         });
     }
 

@@ -692,6 +692,7 @@ mod tests {
                 interval_s: 1.0,
                 utilization: 0.9,
                 services,
+                throttle_wait_timed: true,
             };
             let decisions = policy.decide(&d);
             for dec in &decisions {

@@ -289,7 +289,8 @@ const _: () = {
     assert!(size_of::<KeyHistograms>() == STRIPES * 64 + 64 + HIST_BUCKETS * 12);
     assert!(size_of::<KeyCounters>() == 40);
     assert!(size_of::<IoKey>() == 16);
-    assert!(size_of::<KernelOffsets>() == 18 * 4);
+    assert!(size_of::<KernelOffsets>() == 19 * 4);
+    assert!(size_of::<ThrottleHold>() == 32);
 };
 
 /// Byte offsets of the kernel struct members the programs read, resolved from the running
@@ -318,6 +319,8 @@ pub struct KernelOffsets {
     pub css_cgroup: u32,
     pub cgroup_kn: u32,
     pub kn_id: u32,
+    /// `bio.bi_iter.bi_sector`: where a bio starts, in 512-byte sectors.
+    pub bio_bi_sector: u32,
     /// [`OFFSETS_HAVE_BLKCG`] if the kernel has CONFIG_BLK_CGROUP (bio->bi_blkg exists).
     pub flags: u32,
 }
@@ -325,6 +328,10 @@ pub struct KernelOffsets {
 pub const OFFSETS_HAVE_BLKCG: u32 = 1;
 /// The gendisk is `request.rq_disk` (kernels before 5.15 have no `request_queue.disk`).
 pub const OFFSETS_DISK_IN_REQUEST: u32 = 2;
+/// A bio the throttle held passes its decision again, unheld, when it is let go (the older
+/// `blk_throtl_bio`, which resubmits through the whole check; `__blk_throtl_bio` kernels
+/// dispatch it past the check).
+pub const OFFSETS_THROTTLE_REPASS: u32 = 4;
 
 /// Name of the global the loader sets with [`KernelOffsets`].
 pub const OFFSETS_GLOBAL: &str = "OFFSETS";
@@ -350,6 +357,37 @@ pub const MAP_ISSUE_TS: &str = "ISSUE_TS";
 pub const MAP_INSERT_TS: &str = "INSERT_TS";
 pub const MAP_EARLY_COUNTED: &str = "EARLY_COUNTED";
 pub const MAP_FALLBACK_DEVS: &str = "FALLBACK_DEVS";
+pub const MAP_THROTTLE_HOLDS: &str = "THROTTLE_HOLDS";
+
+/// A bio the cgroup's I/O limit (blk-throttle: v1 `blkio.throttle.*`, v2 `io.max`) queued
+/// instead of passing on, keyed in THROTTLE_HOLDS by the bio's address until the request
+/// it starts completes. The request is allocated only when the throttle lets the bio go,
+/// so without this its total latency would leave out the wait the limit imposed: a service
+/// the agent caps would look fast to the agent while its submitter waits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThrottleHold {
+    /// When the throttle queued the bio (monotonic ns).
+    pub since_ns: u64,
+    /// The blkcg the bio is charged to, and where it starts: the completion takes the hold
+    /// only if its request matches both, so a stale entry whose address a later bio reuses
+    /// (a held bio merged into another request, or split) is never taken.
+    pub cgroup_id: u64,
+    pub sector: u64,
+    /// Non-zero once the throttle let the bio go, on kernels where it passes the decision
+    /// again then ([`OFFSETS_THROTTLE_REPASS`]); a second unheld pass at the address is
+    /// another bio's.
+    pub released: u64,
+}
+
+/// Held bios tracked at once, host-wide (LRU; preallocated, 56 B each with the header).
+pub const THROTTLE_HOLD_ENTRIES: u32 = 16384;
+/// The kernel function that decides whether blk-throttle holds a bio, `bool f(struct bio
+/// *)`: `__blk_throtl_bio` on current kernels, `blk_throtl_bio` on older ones. The agent
+/// traces its return. Current kernels call it only for bios whose cgroup (or an ancestor)
+/// has a limit, so other bios pay nothing; older ones call it for every bio.
+pub const THROTTLE_FUNCTIONS: [&str; 2] = ["__blk_throtl_bio", "blk_throtl_bio"];
+pub const THROTTLE_PROGRAM: &str = "throttle_exit";
 
 /// Entries of the maps keyed by request (ISSUE_TS, INSERT_TS, EARLY_COUNTED): requests in
 /// flight host-wide at once, with room. LRU maps are preallocated: 16,384 entries cost
@@ -383,6 +421,9 @@ pub const STATE_COUNT_INFLIGHT: u32 = 8;
 /// Non-zero while the issue program records requests in EARLY_COUNTED: from before the
 /// programs are attached until the agent's first cycle ends.
 pub const STATE_EARLY_WINDOW: u32 = 7;
+/// Non-zero once the throttle program recorded a held bio: from then on completions look
+/// for their first bio in THROTTLE_HOLDS (hosts without I/O limits never pay the lookup).
+pub const STATE_HOLDS_SEEN: u32 = 9;
 pub const STATE_SLOTS: u32 = 16;
 
 /// A tracepoint and the program attached to it. Before 5.11, block_rq_issue and
@@ -434,6 +475,7 @@ mod pod {
     unsafe impl aya::Pod for super::KeyCounters {}
     unsafe impl aya::Pod for super::KeyHistograms {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::ThrottleHold {}
 }
 
 #[cfg(test)]

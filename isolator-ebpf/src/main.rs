@@ -25,19 +25,19 @@ use core::{
 
 use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map},
+    macros::{btf_tracepoint, fexit, map},
     maps::{Array, HashMap, LruHashMap},
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, FExitContext},
 };
 use isolator_common::{
     kernel_dev, latency_bucket, size_bucket, CompletionStripe, IoKey, KernelOffsets, KeyCounters,
     KeyHistograms, Latencies, Latency, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
     FALLBACK_DEVS_ENTRIES, HISTS_MAP_FLAGS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST,
-    OFFSETS_HAVE_BLKCG, OP_OTHER, OP_READ, OP_WRITE, REQUEST_MAP_ENTRIES, REQ_OP_DRV_IN,
+    OFFSETS_HAVE_BLKCG, OFFSETS_THROTTLE_REPASS, OP_OTHER, OP_READ, OP_WRITE, REQUEST_MAP_ENTRIES, REQ_OP_DRV_IN,
     REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ, REQ_OP_WRITE, SEQUENTIAL_GAP_BYTES, SIZE_BUCKETS,
     STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
-    STATE_FIRST_ISSUE_NS, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
-    STATE_UNSAMPLED, STRIPES, UNATTRIBUTED_CGROUP,
+    STATE_FIRST_ISSUE_NS, STATE_HOLDS_SEEN, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
+    STATE_UNSAMPLED, STRIPES, THROTTLE_HOLD_ENTRIES, ThrottleHold, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -59,6 +59,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     css_cgroup: 0,
     cgroup_kn: 0,
     kn_id: 0,
+    bio_bi_sector: 0,
     flags: 0,
 };
 
@@ -102,6 +103,11 @@ static EARLY_COUNTED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(REQUEST
 /// twice as long, which covers plug timestamps up to EARLY_CHECK_NS stale (the kernel
 /// drops a plug's cached time whenever the task sleeps).
 const EARLY_CHECK_NS: u64 = 100_000_000;
+
+/// Bios the cgroup's I/O limit held, by address, until the request they start completes.
+#[map(name = "THROTTLE_HOLDS")]
+static THROTTLE_HOLDS: LruHashMap<u64, ThrottleHold> =
+    LruHashMap::with_max_entries(THROTTLE_HOLD_ENTRIES, 0);
 
 #[map(name = "FALLBACK_DEVS")]
 static FALLBACK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(FALLBACK_DEVS_ENTRIES, 0);
@@ -192,9 +198,19 @@ unsafe fn charged_cgroup(rq: u64) -> u64 {
     if off!(flags) & OFFSETS_HAVE_BLKCG == 0 {
         return UNATTRIBUTED_CGROUP;
     }
-    let Some(bio) = read_at::<u64>(rq, off!(rq_bio)) else {
-        return UNATTRIBUTED_CGROUP;
-    };
+    match read_at::<u64>(rq, off!(rq_bio)) {
+        Some(bio) => bio_cgroup(bio),
+        None => UNATTRIBUTED_CGROUP,
+    }
+}
+
+/// The cgroup a bio is charged to: its blkg's blkcg.
+///
+/// # Safety
+/// `bio` must be a `struct bio *` the verifier tracks (from a tracepoint, a traced
+/// function's argument or a request), and the kernel must have CONFIG_BLK_CGROUP.
+#[inline(always)]
+unsafe fn bio_cgroup(bio: u64) -> u64 {
     let Some(blkg) = read_at::<u64>(bio, off!(bio_bi_blkg)) else {
         return UNATTRIBUTED_CGROUP;
     };
@@ -443,12 +459,14 @@ unsafe fn stripe(h: *mut KeyHistograms) -> *mut CompletionStripe {
 /// A data request's character (paper 002's bins): sequential or not, and its size bucket.
 ///
 /// # Safety
-/// `h` must point at a HISTS value, `s` at one of its stripes, `rq` be the tracepoint's
-/// `struct request *`.
+/// `h` must point at a HISTS value, `s` at one of its stripes.
 #[inline(always)]
-unsafe fn count_character(h: *mut KeyHistograms, s: *mut CompletionStripe, rq: u64, size: u64) {
-    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
-    let sector: u64 = unsafe { read_at(rq, off!(rq_sector)) }.unwrap_or(0);
+unsafe fn count_character(
+    h: *mut KeyHistograms,
+    s: *mut CompletionStripe,
+    sector: u64,
+    size: u64,
+) {
     let start = sector << 9;
     // SAFETY: `h` points at a map value (caller); a plain aligned load and store: a race
     // with another CPU's completion only misjudges one request.
@@ -488,6 +506,79 @@ fn count_without_histograms(key: &IoKey, nr_bytes: u64, last: bool) {
             add_u64(addr_of_mut!((*c).ios), 1);
         }
     }
+}
+
+/// Return of the throttle's decision, `bool f(struct bio *)` (THROTTLE_FUNCTIONS; the
+/// loader picks the name this kernel has). A bio it held is recorded with the time and
+/// where it starts; one it let pass drops any record left at its address, so a reused
+/// address never carries an old hold. Where a held bio passes again when let go
+/// (OFFSETS_THROTTLE_REPASS), that first unheld pass of the same bio marks the record
+/// released instead.
+#[fexit(function = "__blk_throtl_bio")]
+pub fn throttle_exit(ctx: FExitContext) -> i32 {
+    let bio: u64 = ctx.arg(0);
+    // fexit: the return value follows the arguments; a bool in the low byte.
+    let held = ctx.arg::<u64>(1) & 0xff != 0;
+    // SAFETY: bio is the traced function's `struct bio *` argument (read_at's contract);
+    // blk-throttle exists only with CONFIG_BLK_CGROUP, so bi_blkg does too.
+    let (cgroup_id, sector) = unsafe {
+        (
+            bio_cgroup(bio),
+            read_at::<u64>(bio, off!(bio_bi_sector)).unwrap_or(0),
+        )
+    };
+    if !held {
+        if off!(flags) & OFFSETS_THROTTLE_REPASS != 0 {
+            if let Some(p) = THROTTLE_HOLDS.get_ptr_mut(&bio) {
+                // SAFETY: p points at a live map value (RCU for the program's run); plain
+                // aligned loads and a store: only this bio's passes touch its record.
+                let fresh = unsafe {
+                    let h = *p;
+                    h.released == 0 && h.cgroup_id == cgroup_id && h.sector == sector
+                };
+                if fresh {
+                    // SAFETY: as above.
+                    unsafe { core::ptr::write_volatile(addr_of_mut!((*p).released), 1) };
+                    return 0;
+                }
+            }
+        }
+        let _ = THROTTLE_HOLDS.remove(&bio);
+        return 0;
+    }
+    // SAFETY: a BPF helper without arguments; nothing to uphold.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let hold = ThrottleHold {
+        since_ns: now,
+        cgroup_id,
+        sector,
+        released: 0,
+    };
+    let _ = THROTTLE_HOLDS.insert(&bio, &hold, 0);
+    if state(STATE_HOLDS_SEEN) == 0 {
+        set_state(STATE_HOLDS_SEEN, 1);
+    }
+    0
+}
+
+/// When the cgroup's limit began to hold the request's first bio, if it did: the
+/// submitter's wait starts there, before the request existed. The record is taken (and
+/// dropped) only if it is this request's: same cgroup, same start.
+///
+/// # Safety
+/// `rq` must be the tracepoint's `struct request *`.
+#[inline(always)]
+unsafe fn held_since(rq: u64, cgroup_id: u64, sector: u64) -> Option<u64> {
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
+    let bio: u64 = unsafe { read_at(rq, off!(rq_bio)) }?;
+    // SAFETY: get is unsafe because another CPU may change or delete the entry while the
+    // reference lives; the value is copied out at once and the reference dropped.
+    let hold = *unsafe { THROTTLE_HOLDS.get(&bio) }?;
+    if hold.cgroup_id != cgroup_id || hold.sector != sector {
+        return None;
+    }
+    let _ = THROTTLE_HOLDS.remove(&bio);
+    Some(hold.since_ns)
 }
 
 /// block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes).
@@ -553,6 +644,19 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
             let _ = INSERT_TS.remove(rq);
         }
     }
+    // SAFETY: rq is the tracepoint's `struct request *` (read_at's contract).
+    let sector: u64 = unsafe { read_at(rq, off!(rq_sector)) }.unwrap_or(0);
+    // Total latency runs from submission: from the hold when the cgroup's limit held the
+    // request's first bio, else from the request's allocation.
+    let mut submit_ns = start_ns;
+    if state(STATE_HOLDS_SEEN) != 0 {
+        // SAFETY: rq is the tracepoint's `struct request *` (held_since's contract).
+        if let Some(since) = unsafe { held_since(rq, req.key.cgroup_id, sector) } {
+            if start_ns == 0 || since < start_ns {
+                submit_ns = since;
+            }
+        }
+    }
 
     match h {
         // SAFETY: h points at a HISTS value (from get_ptr_mut), live for the program's run
@@ -563,17 +667,17 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
             if issue_ns != 0 && issue_ns <= now {
                 record(s, h, Latency::Device, now - issue_ns);
             }
-            if start_ns != 0 && start_ns <= now {
-                record(s, h, Latency::Total, now - start_ns);
-                if issue_ns >= start_ns {
-                    record(s, h, Latency::Queue, issue_ns - start_ns);
-                }
+            if submit_ns != 0 && submit_ns <= now {
+                record(s, h, Latency::Total, now - submit_ns);
+            }
+            if start_ns != 0 && start_ns <= now && issue_ns >= start_ns {
+                record(s, h, Latency::Queue, issue_ns - start_ns);
             }
             add_u64(addr_of_mut!((*s).bytes), nr_bytes);
             add_u64(addr_of_mut!((*s).ios), 1);
             if req.key.op != OP_OTHER {
                 // At the final completion what is left of the request is its size.
-                count_character(h, s, rq, remaining as u64);
+                count_character(h, s, sector, remaining as u64);
             }
         },
         None => {

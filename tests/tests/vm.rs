@@ -268,6 +268,40 @@ fn check_enforcement(prefix: &str, out: &str, dev: &str) {
         capped.iter().all(|&m| m <= 11.0),
         "{prefix}: io.max not effective: {rates:?}"
     );
+    // The wait io.max imposes is in the reader's total latency. Its 64 KiB reads at
+    // 10 MB/s are held ~6.5 ms each by the throttle, before any request exists; null_blk
+    // serves them in microseconds. Timed from the request alone, total would be the device's.
+    let start = events
+        .iter()
+        .find(|e| e["type"] == "agent_start")
+        .expect("agent_start");
+    assert_eq!(
+        start["kernel_features"]["throttle_wait_timed"], true,
+        "{prefix}: the throttle program is not attached: {}",
+        start["kernel_features"]
+    );
+    let means: Vec<(u64, f64, f64)> = events
+        .iter()
+        .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["path"] == "/c")
+        .filter(|e| e["cycle"].as_u64().unwrap() >= first_cap + 2)
+        .filter_map(|e| {
+            let d = e["devices"].as_array()?.iter().find(|d| d["dev"] == dev)?;
+            let r = &d["read"];
+            Some((
+                e["cycle"].as_u64().unwrap(),
+                r["latency"]["mean_ns"].as_f64()?,
+                r["total"]["mean_ns"].as_f64()?,
+            ))
+        })
+        .collect();
+    eprintln!("{prefix}: cgroup c capped (cycle, device mean ns, total mean ns): {means:?}");
+    assert!(!means.is_empty(), "{prefix}: no capped cycle with reads");
+    for &(cycle, device, total) in &means {
+        assert!(
+            total >= 3e6 && total >= 10.0 * device,
+            "{prefix}: cycle {cycle}: total mean {total} ns (device {device} ns) leaves out the ~6.5 ms io.max holds each read: {means:?}"
+        );
+    }
     assert!(
         events
             .iter()

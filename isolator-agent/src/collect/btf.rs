@@ -4,7 +4,10 @@
 
 use std::{collections::HashMap, path::Path};
 
-use isolator_common::{KernelOffsets, OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG};
+use isolator_common::{
+    KernelOffsets, OFFSETS_DISK_IN_REQUEST, OFFSETS_HAVE_BLKCG, OFFSETS_THROTTLE_REPASS,
+    THROTTLE_FUNCTIONS,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -76,6 +79,9 @@ pub struct KernelBtf {
     offsets: Vec<u32>,
     structs_by_name: HashMap<String, Vec<u32>>,
     typedefs_by_name: HashMap<String, u32>,
+    /// The kernel functions of THROTTLE_FUNCTIONS this kernel has (BTF FUNC records); only
+    /// those are kept, not the tens of thousands of others.
+    throttle_functions: Vec<&'static str>,
 }
 
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
@@ -145,6 +151,7 @@ impl KernelBtf {
             offsets,
             structs_by_name: HashMap::new(),
             typedefs_by_name: HashMap::new(),
+            throttle_functions: Vec::new(),
         };
         for id in 1..btf.offsets.len() as u32 {
             let t = btf.ty(id).expect("indexed");
@@ -160,6 +167,12 @@ impl KernelBtf {
                     let name = btf.str_at(t.name);
                     if name.starts_with("btf_trace_") {
                         btf.typedefs_by_name.insert(name.to_string(), id);
+                    }
+                }
+                KIND_FUNC => {
+                    let name = btf.str_at(t.name);
+                    if let Some(f) = THROTTLE_FUNCTIONS.iter().find(|f| **f == name) {
+                        btf.throttle_functions.push(f);
                     }
                 }
                 _ => {}
@@ -306,6 +319,14 @@ impl KernelBtf {
         None
     }
 
+    /// The function that decides whether blk-throttle holds a bio, if this kernel has one
+    /// (CONFIG_BLK_DEV_THROTTLING), in THROTTLE_FUNCTIONS' order of preference.
+    pub fn throttle_function(&self) -> Option<&'static str> {
+        THROTTLE_FUNCTIONS
+            .into_iter()
+            .find(|f| self.throttle_functions.contains(f))
+    }
+
     /// Byte offset of `structure.member`, checking the member's size when `size` is given.
     pub fn member_offset(
         &self,
@@ -380,6 +401,8 @@ impl KernelBtf {
             rq_io_start_time_ns: m("request", "io_start_time_ns", 8)?,
             disk_major: m("gendisk", "major", 4)?,
             disk_first_minor: m("gendisk", "first_minor", 4)?,
+            bio_bi_sector: self.member_offset("bio", "bi_iter", None)?
+                + m("bvec_iter", "bi_sector", 8)?,
             ..Default::default()
         };
         // The request's gendisk: through its queue from 5.15, in the request itself before
@@ -404,6 +427,10 @@ impl KernelBtf {
             o.cgroup_kn = m("cgroup", "kn", 8)?;
             o.kn_id = m("kernfs_node", "id", 8)?;
             o.flags |= OFFSETS_HAVE_BLKCG;
+        }
+        // The older decision function is passed again by the bios it let go.
+        if self.throttle_function() == Some(THROTTLE_FUNCTIONS[1]) {
+            o.flags |= OFFSETS_THROTTLE_REPASS;
         }
         Ok(o)
     }

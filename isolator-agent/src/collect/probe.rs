@@ -6,12 +6,16 @@ use std::{
     path::Path,
 };
 
-use aya::{maps::Array, programs::BtfTracePoint, Btf, Ebpf, EbpfLoader};
+use aya::{
+    maps::Array,
+    programs::{BtfTracePoint, FExit},
+    Btf, Ebpf, EbpfLoader,
+};
 use isolator_common::{
     KernelOffsets, KeyCounters, KeyHistograms, ProgramSpec, COMPLETE_TRACEPOINT,
     DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS, ISSUE_TRACEPOINT, MAP_AGENT_STATE, MAP_HISTS,
     MAP_KEYS, OFFSETS_DISK_IN_REQUEST, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS,
-    STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS,
+    STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_FIRST_ISSUE_NS, THROTTLE_PROGRAM,
 };
 
 use crate::collect::btf::{BtfError, KernelBtf};
@@ -47,6 +51,10 @@ pub struct Probe {
     on_demand_attached: bool,
     issue_attached: bool,
     count_inflight: bool,
+    /// The traced throttle function, when the throttle program is attached.
+    throttle_function: Option<&'static str>,
+    /// Why the throttle program is not attached, where the kernel has the function.
+    throttle_error: Option<String>,
     pub features: KernelFeatures,
 }
 
@@ -59,13 +67,20 @@ pub struct KernelFeatures {
     pub disk_in_request: bool,
     /// block_rq_issue/insert take `(request_queue, request)` (before 5.11).
     pub queue_first_tracepoints: bool,
+    /// The wait a cgroup's I/O limit imposes on a bio (blk-throttle holds it before any
+    /// request exists) is in total latency: the kernel has a throttle function to trace
+    /// and, once loaded, the program is attached. Without it a service the agent caps
+    /// looks faster than its submitter sees.
+    pub throttle_wait_timed: bool,
 }
 
 impl KernelFeatures {
-    /// What differs from current kernels, for `isolator check` (nothing is degraded: the
-    /// programs only use what 5.10 has).
+    /// What differs from current kernels, for `isolator check`.
     pub fn describe(&self) -> String {
         let mut v = Vec::new();
+        if !self.throttle_wait_timed {
+            v.push("the wait an I/O limit imposes is not timed: latencies leave it out");
+        }
         if self.disk_in_request {
             v.push("gendisk from request.rq_disk (no request_queue.disk)");
         }
@@ -107,10 +122,15 @@ pub fn select_programs(btf: &KernelBtf) -> Result<Vec<(ProgramSpec, &'static str
 }
 
 impl KernelFeatures {
-    fn of(offsets: &KernelOffsets, chosen: &[(ProgramSpec, &'static str)]) -> Self {
+    fn of(
+        offsets: &KernelOffsets,
+        chosen: &[(ProgramSpec, &'static str)],
+        throttle_function: Option<&str>,
+    ) -> Self {
         KernelFeatures {
             disk_in_request: offsets.flags & OFFSETS_DISK_IN_REQUEST != 0,
             queue_first_tracepoints: chosen.iter().any(|(spec, p)| *p != spec.program),
+            throttle_wait_timed: throttle_function.is_some(),
         }
     }
 
@@ -119,6 +139,7 @@ impl KernelFeatures {
         Ok(KernelFeatures::of(
             &btf.kernel_offsets()?,
             &select_programs(btf)?,
+            btf.throttle_function(),
         ))
     }
 }
@@ -223,6 +244,21 @@ fn program_mut<'a>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut BtfTracePoi
         .map_err(|e| ProbeError::Load(format!("{prog}: {e}")))
 }
 
+/// Loads the throttle program on `function`'s return and attaches it. The link lives in
+/// `ebpf`, like the tracepoints'.
+fn attach_throttle(ebpf: &mut Ebpf, function: &str, btf: &Btf) -> Result<(), String> {
+    let p: &mut FExit = ebpf
+        .program_mut(THROTTLE_PROGRAM)
+        .ok_or_else(|| format!("program {THROTTLE_PROGRAM} missing from the object"))?
+        .try_into()
+        .map_err(|e| format!("{THROTTLE_PROGRAM}: {e}"))?;
+    p.load(function, btf)
+        .map_err(|e| format!("loading: {}", error_chain(&e)))?;
+    p.attach()
+        .map_err(|e| format!("attaching: {}", error_chain(&e)))?;
+    Ok(())
+}
+
 impl Probe {
     /// Loads every program and attaches the completion program; the issue program too when
     /// `count_inflight`.
@@ -233,7 +269,8 @@ impl Probe {
     ) -> Result<Self, ProbeError> {
         let offsets = btf.kernel_offsets()?;
         let chosen = select_programs(&btf)?;
-        let features = KernelFeatures::of(&offsets, &chosen);
+        let throttle_function = btf.throttle_function();
+        let mut features = KernelFeatures::of(&offsets, &chosen, throttle_function);
         // aya's own (much larger) model of the kernel BTF, for the programs' attach targets;
         // ours is dropped first so the two never coexist in memory.
         let raw = btf.into_raw();
@@ -256,12 +293,27 @@ impl Probe {
                 .map_err(|e| ProbeError::Load(format!("{prog}: {}", error_chain(&e))))?;
             programs.push((tp, prog));
         }
+        // The throttle program is worth having, not worth failing for: without it only the
+        // wait a limit imposes is missing from latencies, and the features say so.
+        let (throttle_function, throttle_error) = match throttle_function {
+            Some(f) => match attach_throttle(&mut ebpf, f, &aya_btf) {
+                Ok(()) => (Some(f), None),
+                Err(e) => {
+                    tracing::warn!(function = f, error = %e, "the wait I/O limits impose is not timed");
+                    features.throttle_wait_timed = false;
+                    (None, Some(format!("fexit on {f}: {e}")))
+                }
+            },
+            None => (None, None),
+        };
         let mut probe = Probe {
             ebpf,
             programs,
             on_demand_attached: false,
             issue_attached: false,
             count_inflight,
+            throttle_function,
+            throttle_error,
             features,
         };
         probe.attach(COMPLETE_TRACEPOINT)?;
@@ -270,6 +322,12 @@ impl Probe {
             probe.attach_issue()?;
         }
         Ok(probe)
+    }
+
+    /// Why the wait I/O limits impose is not timed, where the kernel has the function to
+    /// trace but the program could not be loaded or attached.
+    pub fn throttle_error(&self) -> Option<&str> {
+        self.throttle_error.as_deref()
     }
 
     fn state_set(&mut self, slot: u32, value: u64) -> Result<(), ProbeError> {
@@ -469,11 +527,18 @@ impl Probe {
         let u64_at = |b: &[u8; INFO_LEN], off: usize| {
             u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
         };
+        let throttle = self.throttle_function.and_then(|f| {
+            let p: &FExit = self.ebpf.program(THROTTLE_PROGRAM)?.try_into().ok()?;
+            Some((f, p.fd().ok()?.as_fd().as_raw_fd()))
+        });
         self.programs
             .iter()
             .filter_map(|&(name, prog)| {
                 let p: &BtfTracePoint = self.ebpf.program(prog)?.try_into().ok()?;
-                let fd = p.fd().ok()?.as_fd().as_raw_fd();
+                Some((name, p.fd().ok()?.as_fd().as_raw_fd()))
+            })
+            .chain(throttle)
+            .filter_map(|(name, fd)| {
                 let info = prog_info(fd)?;
                 Some(ProgramStats {
                     name: name.to_string(),
@@ -495,11 +560,12 @@ mod tests {
 
     use aya_obj::{generated::bpf_map_type, EbpfSectionKind, ProgramSection};
     use isolator_common::{
-        IoKey, KernelOffsets, KeyCounters, KeyHistograms, DEFAULT_MAX_HISTOGRAM_KEYS,
+        IoKey, KernelOffsets, KeyCounters, KeyHistograms, ThrottleHold, DEFAULT_MAX_HISTOGRAM_KEYS,
         DEFAULT_MAX_KEYS, FALLBACK_DEVS_ENTRIES, HISTS_MAP_FLAGS, ISSUE_TRACEPOINT,
         MAP_AGENT_STATE, MAP_EARLY_COUNTED, MAP_FALLBACK_DEVS, MAP_HISTS, MAP_INSERT_TS,
-        MAP_ISSUE_TS, MAP_KEYS, MAP_ZERO_HISTS, OFFSETS_GLOBAL, ON_DEMAND_TRACEPOINT, PROGRAMS,
-        REQUEST_MAP_ENTRIES, STATE_SLOTS,
+        MAP_ISSUE_TS, MAP_KEYS, MAP_THROTTLE_HOLDS, MAP_ZERO_HISTS, OFFSETS_GLOBAL,
+        ON_DEMAND_TRACEPOINT, PROGRAMS, REQUEST_MAP_ENTRIES, STATE_SLOTS, THROTTLE_FUNCTIONS,
+        THROTTLE_HOLD_ENTRIES, THROTTLE_PROGRAM,
     };
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
@@ -576,6 +642,10 @@ mod tests {
                 MAP_FALLBACK_DEVS,
                 def::<u32, u8>(BPF_MAP_TYPE_HASH, FALLBACK_DEVS_ENTRIES, 0),
             ),
+            (
+                MAP_THROTTLE_HOLDS,
+                def::<u64, ThrottleHold>(BPF_MAP_TYPE_LRU_HASH, THROTTLE_HOLD_ENTRIES, 0),
+            ),
         ]
         .into_iter()
         .collect();
@@ -628,11 +698,21 @@ mod tests {
         }
         let mut programs = BTreeMap::new();
         for (name, p) in &obj.programs {
-            assert!(
-                matches!(p.section, ProgramSection::BtfTracePoint),
-                "{name}: {:?}, expected a BTF tracepoint",
-                p.section
-            );
+            if name == THROTTLE_PROGRAM {
+                // Loaded on whichever of THROTTLE_FUNCTIONS the kernel has; the section
+                // names the first.
+                assert!(
+                    matches!(p.section, ProgramSection::FExit { .. }),
+                    "{name}: {:?}, expected fexit",
+                    p.section
+                );
+            } else {
+                assert!(
+                    matches!(p.section, ProgramSection::BtfTracePoint),
+                    "{name}: {:?}, expected a BTF tracepoint",
+                    p.section
+                );
+            }
             let section = elf
                 .section_by_index(object::SectionIndex(p.section_index))
                 .unwrap();
@@ -641,6 +721,7 @@ mod tests {
         let want: BTreeMap<&str, String> = expected_programs
             .iter()
             .map(|(p, tp)| (*p, format!("tp_btf/{tp}")))
+            .chain([(THROTTLE_PROGRAM, format!("fexit/{}", THROTTLE_FUNCTIONS[0]))])
             .collect();
         assert_eq!(programs, want, "programs (name -> section)");
     }

@@ -45,6 +45,8 @@ pub struct Controller {
     forgotten: Vec<ServiceId>,
     /// Character windows of every (service, disk).
     characters: CharacterWindows<ServiceId>,
+    /// The probe times the wait I/O limits impose (kernel_features).
+    throttle_wait_timed: bool,
 }
 
 impl Controller {
@@ -56,7 +58,15 @@ impl Controller {
             states: HashMap::new(),
             forgotten: Vec::new(),
             characters: CharacterWindows::default(),
+            throttle_wait_timed: true,
         }
+    }
+
+    /// Whether the services' latencies include the wait their I/O limits impose, as the
+    /// probe found (`KernelFeatures::throttle_wait_timed`); the policy sees it in every
+    /// device cycle.
+    pub fn set_throttle_wait_timed(&mut self, timed: bool) {
+        self.throttle_wait_timed = timed;
     }
 
     pub fn policy_name(&self) -> &'static str {
@@ -129,7 +139,14 @@ impl Controller {
             &mut |id| membership.service_of(id, path_of(id).as_deref(), containers),
             &remembered,
         );
-        policy_input::device_cycles(snap, io, &self.membership, &self.states, utilization)
+        policy_input::device_cycles(
+            snap,
+            io,
+            &self.membership,
+            &self.states,
+            utilization,
+            self.throttle_wait_timed,
+        )
     }
 
     /// The policy's whole input this cycle, for the record (`policy_input`): what it

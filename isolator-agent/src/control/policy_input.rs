@@ -20,6 +20,7 @@ pub(super) fn device_cycles(
     membership: &Membership,
     states: &ServiceStates,
     utilization: &dyn Fn(u32) -> f64,
+    throttle_wait_timed: bool,
 ) -> Vec<DeviceCycle> {
     let secs = snap.interval_ns as f64 / 1e9;
     let mut by_dev: BTreeMap<u32, Vec<ServiceLoad>> = BTreeMap::new();
@@ -66,6 +67,7 @@ pub(super) fn device_cycles(
             interval_s: secs,
             utilization: utilization(dev),
             services,
+            throttle_wait_timed,
         })
         .collect()
 }

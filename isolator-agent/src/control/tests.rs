@@ -346,6 +346,7 @@ impl Rig {
             interval_s: 1.0,
             utilization: 0.0,
             services: vec![],
+            throttle_wait_timed: true,
         };
         self.controller.step(&[idle], &mut |_| None)
     }

@@ -714,6 +714,7 @@ mod tests {
                     changed_cycle: Some(5),
                     character: Default::default(),
                 }],
+                throttle_wait_timed: false,
             }],
         });
         let want = json!({
@@ -730,7 +731,8 @@ mod tests {
                     "limit": {"rbps": null, "wbps": 1048576, "riops": null, "wiops": null},
                     "latency_hist": [[600, 999], [700, 1]], "cgroup_ids": [42],
                     "changed_cycle": 5
-                }]
+                }],
+                "throttle_wait_timed": false
             }]
         });
         assert_eq!(serde_json::to_value(&e).unwrap(), want);

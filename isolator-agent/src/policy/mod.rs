@@ -243,6 +243,17 @@ pub struct DeviceCycle {
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub utilization: f64,
     pub services: Vec<ServiceLoad>,
+    /// The services' latencies include the wait their I/O limits impose
+    /// (`kernel_features.throttle_wait_timed`). Without it a capped service's p99.9 leaves
+    /// that wait out, and a cap on a latency service could break its SLO unseen. Records
+    /// from before the field were made by agents that capped latency services regardless:
+    /// they replay as they ran.
+    #[serde(default = "throttle_wait_timed_before_the_field")]
+    pub throttle_wait_timed: bool,
+}
+
+fn throttle_wait_timed_before_the_field() -> bool {
+    true
 }
 
 impl DeviceCycle {

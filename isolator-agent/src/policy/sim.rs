@@ -292,6 +292,7 @@ impl SimDisk {
             interval_s: 1.0,
             utilization: util,
             services: loads,
+            throttle_wait_timed: true,
         }
     }
 
