@@ -31,13 +31,13 @@ use aya_ebpf::{
 };
 use isolator_common::{
     kernel_dev, latency_bucket, size_bucket, CompletionStripe, IoKey, KernelOffsets, KeyCounters,
-    KeyHistograms, Latencies, Latency, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
+    KeyHistograms, Latencies, Latency, ThrottleHold, DEFAULT_MAX_HISTOGRAM_KEYS, DEFAULT_MAX_KEYS,
     FALLBACK_DEVS_ENTRIES, HISTS_MAP_FLAGS, HIST_BUCKETS, OFFSETS_DISK_IN_REQUEST,
-    OFFSETS_HAVE_BLKCG, OFFSETS_THROTTLE_REPASS, OP_OTHER, OP_READ, OP_WRITE, REQUEST_MAP_ENTRIES, REQ_OP_DRV_IN,
-    REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ, REQ_OP_WRITE, SEQUENTIAL_GAP_BYTES, SIZE_BUCKETS,
-    STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
-    STATE_FIRST_ISSUE_NS, STATE_HOLDS_SEEN, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING, STATE_SLOTS,
-    STATE_UNSAMPLED, STRIPES, THROTTLE_HOLD_ENTRIES, ThrottleHold, UNATTRIBUTED_CGROUP,
+    OFFSETS_HAVE_BLKCG, OFFSETS_THROTTLE_REPASS, OP_OTHER, OP_READ, OP_WRITE, REQUEST_MAP_ENTRIES,
+    REQ_OP_DRV_IN, REQ_OP_DRV_OUT, REQ_OP_MASK, REQ_OP_READ, REQ_OP_WRITE, SEQUENTIAL_GAP_BYTES,
+    SIZE_BUCKETS, STATE_COUNT_INFLIGHT, STATE_EARLY_WINDOW, STATE_EPOCH, STATE_FALLBACK_ANY,
+    STATE_FIRST_ISSUE_NS, STATE_HOLDS_SEEN, STATE_MAP_FULL, STATE_NEED_INSERT, STATE_PREEXISTING,
+    STATE_SLOTS, STATE_UNSAMPLED, STRIPES, THROTTLE_HOLD_ENTRIES, UNATTRIBUTED_CGROUP,
 };
 
 #[no_mangle]
@@ -461,12 +461,7 @@ unsafe fn stripe(h: *mut KeyHistograms) -> *mut CompletionStripe {
 /// # Safety
 /// `h` must point at a HISTS value, `s` at one of its stripes.
 #[inline(always)]
-unsafe fn count_character(
-    h: *mut KeyHistograms,
-    s: *mut CompletionStripe,
-    sector: u64,
-    size: u64,
-) {
+unsafe fn count_character(h: *mut KeyHistograms, s: *mut CompletionStripe, sector: u64, size: u64) {
     let start = sector << 9;
     // SAFETY: `h` points at a map value (caller); a plain aligned load and store: a race
     // with another CPU's completion only misjudges one request.
