@@ -515,32 +515,37 @@ pub fn throttle_exit(ctx: FExitContext) -> i32 {
     // fexit: the return value follows the arguments; a bool in the low byte.
     let held = ctx.arg::<u64>(1) & 0xff != 0;
     // SAFETY: bio is the traced function's `struct bio *` argument (read_at's contract);
-    // blk-throttle exists only with CONFIG_BLK_CGROUP, so bi_blkg does too.
-    let (cgroup_id, sector) = unsafe {
+    // blk-throttle exists only with CONFIG_BLK_CGROUP, so bi_blkg does too. Read only
+    // where needed: most bios a limit lets pass have no record.
+    let whose = || unsafe {
         (
             bio_cgroup(bio),
             read_at::<u64>(bio, off!(bio_bi_sector)).unwrap_or(0),
         )
     };
     if !held {
+        // A lookup first: remove takes the bucket's lock even when there is nothing.
+        let Some(p) = THROTTLE_HOLDS.get_ptr_mut(&bio) else {
+            return 0;
+        };
         if off!(flags) & OFFSETS_THROTTLE_REPASS != 0 {
-            if let Some(p) = THROTTLE_HOLDS.get_ptr_mut(&bio) {
-                // SAFETY: p points at a live map value (RCU for the program's run); plain
-                // aligned loads and a store: only this bio's passes touch its record.
-                let fresh = unsafe {
-                    let h = *p;
-                    h.released == 0 && h.cgroup_id == cgroup_id && h.sector == sector
-                };
-                if fresh {
-                    // SAFETY: as above.
-                    unsafe { core::ptr::write_volatile(addr_of_mut!((*p).released), 1) };
-                    return 0;
-                }
+            let (cgroup_id, sector) = whose();
+            // SAFETY: p points at a live map value (RCU for the program's run); plain
+            // aligned loads and a store: only this bio's passes touch its record.
+            let fresh = unsafe {
+                let h = *p;
+                h.released == 0 && h.cgroup_id == cgroup_id && h.sector == sector
+            };
+            if fresh {
+                // SAFETY: as above.
+                unsafe { core::ptr::write_volatile(addr_of_mut!((*p).released), 1) };
+                return 0;
             }
         }
         let _ = THROTTLE_HOLDS.remove(&bio);
         return 0;
     }
+    let (cgroup_id, sector) = whose();
     // SAFETY: a BPF helper without arguments; nothing to uphold.
     let now = unsafe { bpf_ktime_get_ns() };
     let hold = ThrottleHold {

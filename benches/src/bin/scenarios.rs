@@ -264,11 +264,15 @@ fn write_events(
     std::fs::write(&f, text).with_context(|| format!("writing {}", f.display()))
 }
 
+/// The best static mode of each repeat, by label ("none" where no static mode kept the SLO).
+fn best_static_labels<T>(best: &[Option<T>], mode: impl Fn(&T) -> &Mode) -> Vec<String> {
+    best.iter()
+        .map(|b| b.as_ref().map_or("none".into(), |b| mode(b).label()))
+        .collect()
+}
+
 fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Option<MixOutcome>]) {
-    let best_labels: Vec<String> = best
-        .iter()
-        .map(|b| b.as_ref().map_or("none".into(), |b| b.mode.label()))
-        .collect();
+    let best_labels = best_static_labels(best, |b| &b.mode);
     println!();
     println!(
         "### paper-mix: db (QD1, SLO {} ms) and cache (QD4, SLO {} ms) readers, ingest (throughput, \
@@ -340,10 +344,7 @@ fn report(
     );
     for (si, (name, sc, _)) in scenarios.iter().enumerate() {
         let bests = &best[&si];
-        let best_labels: Vec<String> = bests
-            .iter()
-            .map(|b| b.as_ref().map_or("none".into(), |b| b.mode.label()))
-            .collect();
+        let best_labels = best_static_labels(bests, |b| &b.mode);
         println!();
         println!(
             "### {name}: {} for {} s{}, SLO {} ms; best static per repeat: {}",
