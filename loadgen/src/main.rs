@@ -3,7 +3,7 @@
 //!
 //!   isolator-loadgen --path FILE --op read|write|randread --bytes N [--bs 4096]
 //!                    [--direct] [--fsync] [--wrap] [--threads 1] [--seconds 30]
-//!                    [--offset BYTES]
+//!                    [--offset BYTES] [--lat-log FILE]
 //!                    [--cgroup DIR]
 //!   isolator-loadgen --churn DIR --cgroups N --wave W --path FILE
 //!
@@ -12,6 +12,10 @@
 //! at the end of its wave (cgroup v2).
 //!
 //! Prints one line: `ok op=... bytes=N ios=N secs=F`.
+//!
+//! `--lat-log FILE` writes every I/O's latency as fio's `--write_lat_log` does (lines
+//! `ms after the start, latency ns, direction, bs, offset`), so the tests judge the client's
+//! own log the same way where fio runs (the host) and where it does not (a VM's busybox).
 
 use std::{
     fs::OpenOptions,
@@ -39,6 +43,7 @@ struct Args {
     seconds: u64,
     offset: u64,
     cgroup: Option<String>,
+    lat_log: Option<String>,
     churn: Option<String>,
     cgroups: usize,
     wave: usize,
@@ -57,6 +62,7 @@ fn parse() -> Result<Args, String> {
         seconds: 30,
         offset: 0,
         cgroup: None,
+        lat_log: None,
         churn: None,
         cgroups: 0,
         wave: 500,
@@ -72,6 +78,7 @@ fn parse() -> Result<Args, String> {
             "--threads" => a.threads = val()?.parse().map_err(|e| format!("--threads: {e}"))?,
             "--seconds" => a.seconds = val()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--cgroup" => a.cgroup = Some(val()?),
+            "--lat-log" => a.lat_log = Some(val()?),
             "--offset" => a.offset = val()?.parse().map_err(|e| format!("--offset: {e}"))?,
             "--churn" => a.churn = Some(val()?),
             "--cgroups" => a.cgroups = val()?.parse().map_err(|e| format!("--cgroups: {e}"))?,
@@ -119,6 +126,33 @@ impl Aligned {
         // SAFETY: allocated with len bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+}
+
+/// One I/O of the latency log.
+struct Sample {
+    /// When it was issued, after the start.
+    at_ms: u64,
+    latency_ns: u64,
+    offset: u64,
+}
+
+/// Writes `samples` in issue order, in fio's lat log format (direction 0 read, 1 write).
+fn write_lat_log(
+    path: &str,
+    samples: &mut [Sample],
+    direction: u8,
+    bs: usize,
+) -> std::io::Result<()> {
+    samples.sort_by_key(|s| s.at_ms);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for s in samples.iter() {
+        writeln!(
+            out,
+            "{}, {}, {direction}, {bs}, {}",
+            s.at_ms, s.latency_ns, s.offset
+        )?;
+    }
+    out.flush()
 }
 
 /// See the module doc: N cgroups, one read each, in waves.
@@ -222,41 +256,55 @@ fn main() -> ExitCode {
     let deadline = Instant::now() + Duration::from_secs(a.seconds);
     let start = Instant::now();
     let mut handles = vec![];
+    let logging = a.lat_log.is_some();
     for t in 0..a.threads {
         let (file, next, done_bytes) = (file.clone(), next.clone(), done_bytes.clone());
         let (op, bs, base, wrap) = (a.op.clone(), a.bs, a.offset, a.wrap);
-        handles.push(std::thread::spawn(move || -> std::io::Result<()> {
-            let mut buf = Aligned::new(bs);
-            let mut rng = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
-            let file_blocks = (file_len / bs as u64).max(1);
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= blocks_total || Instant::now() > deadline {
-                    return Ok(());
-                }
-                let off = match op.as_str() {
-                    "randread" => {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        (rng % file_blocks) * bs as u64
+        handles.push(std::thread::spawn(
+            move || -> std::io::Result<Vec<Sample>> {
+                // Kept in memory and written at the end: a write per I/O would be I/O of its own.
+                let mut samples = vec![];
+                let mut buf = Aligned::new(bs);
+                let mut rng = 0x9e3779b97f4a7c15u64 ^ (t as u64 + 1);
+                let file_blocks = (file_len / bs as u64).max(1);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= blocks_total || Instant::now() > deadline {
+                        return Ok(samples);
                     }
-                    "read" => (i % file_blocks) * bs as u64,
-                    _ if wrap => (i % file_blocks) * bs as u64,
-                    _ => i * bs as u64,
-                };
-                if op == "write" {
-                    file.write_all_at(buf.buf(), base + off)?;
-                } else {
-                    file.read_exact_at(buf.buf(), base + off)?;
+                    let off = match op.as_str() {
+                        "randread" => {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            (rng % file_blocks) * bs as u64
+                        }
+                        "read" => (i % file_blocks) * bs as u64,
+                        _ if wrap => (i % file_blocks) * bs as u64,
+                        _ => i * bs as u64,
+                    };
+                    let issued = Instant::now();
+                    if op == "write" {
+                        file.write_all_at(buf.buf(), base + off)?;
+                    } else {
+                        file.read_exact_at(buf.buf(), base + off)?;
+                    }
+                    if logging {
+                        samples.push(Sample {
+                            at_ms: issued.duration_since(start).as_millis() as u64,
+                            latency_ns: issued.elapsed().as_nanos() as u64,
+                            offset: base + off,
+                        });
+                    }
+                    done_bytes.fetch_add(bs as u64, Ordering::Relaxed);
                 }
-                done_bytes.fetch_add(bs as u64, Ordering::Relaxed);
-            }
-        }));
+            },
+        ));
     }
+    let mut samples = vec![];
     for h in handles {
         match h.join() {
-            Ok(Ok(())) => {}
+            Ok(Ok(s)) => samples.extend(s),
             Ok(Err(e)) => {
                 eprintln!("isolator-loadgen: I/O error: {e}");
                 return ExitCode::FAILURE;
@@ -267,6 +315,13 @@ fn main() -> ExitCode {
     if a.fsync {
         if let Err(e) = file.sync_all() {
             eprintln!("isolator-loadgen: fsync: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &a.lat_log {
+        let direction = u8::from(a.op == "write");
+        if let Err(e) = write_lat_log(path, &mut samples, direction, a.bs) {
+            eprintln!("isolator-loadgen: writing {path}: {e}");
             return ExitCode::FAILURE;
         }
     }

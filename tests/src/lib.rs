@@ -620,6 +620,7 @@ pub mod vm;
 
 pub mod mix;
 pub mod scenario;
+pub mod vm_scenario;
 
 pub mod noisy {
     use super::*;
@@ -712,13 +713,18 @@ pub mod noisy {
     pub fn read_clat_log(prefix: &Path) -> Result<Vec<(u64, u64)>, String> {
         let path = format!("{}_clat.1.log", prefix.display());
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-        Ok(text
-            .lines()
+        Ok(parse_lat_log(&text))
+    }
+
+    /// (ms, latency ns) per line of a latency log in fio's format (fio's, or the load
+    /// generator's `--lat-log`).
+    pub fn parse_lat_log(text: &str) -> Vec<(u64, u64)> {
+        text.lines()
             .filter_map(|l| {
                 let mut f = l.split(',').map(str::trim);
                 Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
             })
-            .collect())
+            .collect()
     }
 
     /// The p99.9 of latencies (None when there are none).

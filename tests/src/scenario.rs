@@ -197,9 +197,10 @@ pub struct Outcome {
     pub steady_violations: usize,
     /// Decisions on the aggressor in the steady cycles.
     pub steady_changes: usize,
-    /// p99.9 of the reader's I/Os, from fio's log: alone, and in the steady phases.
+    /// p99.9 of the reader's I/Os from its own log (fio's; the load generator's in a VM): alone,
+    /// and in the steady phases.
     pub solo_p999_ms: f64,
-    pub steady_fio_p999_ms: f64,
+    pub steady_client_p999_ms: f64,
     /// The aggressor's mean MB/s over the steady cycles, and its MB over the whole run.
     pub aggressor_steady_mbps: f64,
     pub aggressor_total_mb: f64,
@@ -217,7 +218,7 @@ impl Outcome {
     /// 20-cycle steady phases: the 1-in-10 target with room for a small sample).
     pub fn keeps_slo_with(&self, n: usize) -> bool {
         self.steady_cycles > 0
-            && self.steady_fio_p999_ms <= self.slo_ms as f64
+            && self.steady_client_p999_ms <= self.slo_ms as f64
             && self.steady_violations * n <= self.steady_cycles
     }
     /// resctl-bench's isolation: the share of steady cycles within the SLO.
@@ -226,7 +227,7 @@ impl Outcome {
     }
     /// resctl-bench's latency impact: the reader's p99.9 over its p99.9 alone.
     pub fn latency_impact(&self) -> f64 {
-        self.steady_fio_p999_ms / self.solo_p999_ms
+        self.steady_client_p999_ms / self.solo_p999_ms
     }
 }
 
@@ -356,13 +357,27 @@ pub fn run_once(
     }
     let events = agent.events();
     let lat = noisy::read_clat_log(&lat_log)?;
-    let solo_from_ms = 2000; // fio's first second is its start-up
+    Ok(judged(mode, scenario, &events, &lat, &phases_ms))
+}
+
+/// The run's [`Outcome`]: per cycle from the agent's `events`, and the reader's p99.9 alone
+/// and in the steady phases from its own log `lat` (ms after the reader started, latency
+/// ns), given when the aggressor's phases ran (`phases_ms`, on the log's clock).
+pub(crate) fn judged(
+    mode: &Mode,
+    scenario: &Scenario,
+    events: &[Value],
+    lat: &[(u64, u64)],
+    phases_ms: &[(u64, u64)],
+) -> Outcome {
+    let solo_from_ms = 2000; // the reader's first second is its start-up
+    let solo_until_ms = phases_ms.first().map_or(u64::MAX, |p| p.0);
     let solo = lat
         .iter()
-        .filter(|(t, _)| (solo_from_ms..phases_ms[0].0).contains(t))
+        .filter(|(t, _)| (solo_from_ms..solo_until_ms).contains(t))
         .map(|&(_, v)| v)
         .collect();
-    let steady_fio = lat
+    let steady_client = lat
         .iter()
         .filter(|(t, _)| {
             phases_ms
@@ -371,10 +386,10 @@ pub fn run_once(
         })
         .map(|&(_, v)| v)
         .collect();
-    let mut o = outcome(mode.clone(), scenario, &events);
+    let mut o = outcome(mode.clone(), scenario, events);
     o.solo_p999_ms = p999_ms(solo);
-    o.steady_fio_p999_ms = p999_ms(steady_fio);
-    Ok(o)
+    o.steady_client_p999_ms = p999_ms(steady_client);
+    o
 }
 
 /// The per-cycle verdict from the agent's own records.
@@ -460,13 +475,129 @@ fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
             .filter(|c| decision_cycles.contains(c))
             .count(),
         solo_p999_ms: f64::NAN,
-        steady_fio_p999_ms: f64::NAN,
+        steady_client_p999_ms: f64::NAN,
         aggressor_steady_mbps: steady.iter().map(|&c| rate_at(c)).sum::<f64>()
             / steady.len().max(1) as f64,
         aggressor_total_mb: (first..=last).map(rate_at).sum(),
         events: events.to_vec(),
         mode,
     }
+}
+
+// The control tests' verdict (issue 17): `adaptive` keeps the SLO and leaves no third of
+// the disk idle, against a static cap measured in the same test.
+
+/// At most one violating steady cycle in this many, for `adaptive` and the static cap alike.
+pub const KEEPS_ONE_IN: usize = 5;
+
+/// Rounds of (adaptive, static cap) in each test, alternated: the disk drifts within
+/// minutes (seen: a writer's knee at ~480 MB/s, then ~290 MB/s 20 s later), so one static
+/// run after one adaptive run judged the disk as much as the control. Three, not two: with
+/// two, one round in a slow spell (the scan's cap cut to 96 MB/s while the disk stalled at
+/// 10 ms at every cap) decided the pooled verdict.
+pub const ROUNDS: usize = 3;
+
+/// The static cap each round compares against, as a multiple of `adaptive`'s rate: a floor
+/// of two thirds of the rate at which a static cap isolates as well. It catches the defect
+/// the issue measured (47 % of the best static cap). At 1.25x (a floor of 80 %) one of the
+/// three scenarios failed it in 2 of 3 runs on the test disk (a tie in violating cycles, or
+/// one round in a slow spell), where the benchmark puts `adaptive` at 82-117 % of the best
+/// static cap. The issue's 90 % target is the benchmark's (median of 3, in BENCHMARKS.md),
+/// not this test's.
+pub const ABOVE: f64 = 1.5;
+
+/// Whether the runs together kept the SLO: the client's p99.9 over each run's steady phase within
+/// it, and at most one violating cycle in [`KEEPS_ONE_IN`] over all their steady cycles
+/// (pooled: 20 cycles of one run are a small sample of a one-in-ten rate).
+fn kept(runs: &[&Outcome], slo_ms: u64) -> bool {
+    let (violations, cycles) = pooled(runs);
+    runs.iter()
+        .all(|o| o.steady_client_p999_ms <= slo_ms as f64)
+        && cycles > 0
+        && violations * KEEPS_ONE_IN <= cycles
+}
+
+fn pooled(runs: &[&Outcome]) -> (usize, usize) {
+    runs.iter().fold((0, 0), |(v, c), o| {
+        (v + o.steady_violations, c + o.steady_cycles)
+    })
+}
+
+fn describe(runs: &[&Outcome]) -> String {
+    runs.iter()
+        .map(|o| {
+            format!(
+                "{}: client p99.9 {:.2} ms, {}/{} violating, aggressor {:.0} MB/s",
+                o.mode.label(),
+                o.steady_client_p999_ms,
+                o.steady_violations,
+                o.steady_cycles,
+                o.aggressor_steady_mbps
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `rounds` rounds of `adaptive` (in `run`), then a static cap [`ABOVE`] times the rate `adaptive` gave
+/// the aggressor in that round. Each adaptive run: the aggressor hurt the reader, and the
+/// SLO was back within 3 cycles (plus `each`). Over the rounds: `adaptive` kept the SLO as
+/// the reader saw it, and the static caps isolated the reader worse than `adaptive` did
+/// (else `adaptive` left a third of the disk idle for nothing).
+pub fn assert_controlled(
+    mut run: impl FnMut(Mode) -> Outcome,
+    sc: &Scenario,
+    rounds: usize,
+    each: impl Fn(&Outcome),
+) {
+    let mut adaptive = vec![];
+    let mut fixed = vec![];
+    for _ in 0..rounds {
+        let o = run(Mode::Policy("adaptive".into()));
+        assert!(
+            o.hurt[0],
+            "the aggressor never pushed the reader over its {} ms SLO: the scenario proves nothing on this disk ({:?})",
+            sc.slo_ms,
+            o.p999_ms
+        );
+        assert!(
+            o.cycles_to_slo.iter().all(|c| c.is_some_and(|c| c <= 3)),
+            "not back within the SLO 3 cycles after the aggressor broke it: {:?} ({:?})",
+            o.cycles_to_slo,
+            o.p999_ms
+        );
+        each(&o);
+        let above = ((o.aggressor_steady_mbps * ABOVE).ceil() as u64).max(2);
+        fixed.push(run(Mode::Static(above)));
+        adaptive.push(o);
+    }
+    let adaptive: Vec<&Outcome> = adaptive.iter().collect();
+    let fixed: Vec<&Outcome> = fixed.iter().collect();
+    println!("adaptive: {}", describe(&adaptive));
+    println!("static {ABOVE}x: {}", describe(&fixed));
+    assert!(
+        kept(&adaptive, sc.slo_ms),
+        "adaptive did not keep the {} ms SLO in the steady phases (at most 1 violating cycle in {KEEPS_ONE_IN} over the rounds): {}",
+        sc.slo_ms,
+        describe(&adaptive)
+    );
+    // Work conservation as a Pareto test: a static cap that gives the aggressor 50 % more
+    // must isolate the reader worse (more violating cycles, or the client's p99.9 over the SLO),
+    // or `adaptive` gave that bandwidth away for nothing.
+    let (adaptive_violations, _) = pooled(&adaptive);
+    let (fixed_violations, _) = pooled(&fixed);
+    let fixed_as_good = fixed
+        .iter()
+        .all(|o| o.steady_client_p999_ms <= sc.slo_ms as f64)
+        && fixed_violations <= adaptive_violations;
+    assert!(
+        !fixed_as_good,
+        "static caps {ABOVE}x the rates adaptive gave the aggressor isolated the reader as well \
+         ({fixed_violations} violating cycles against adaptive's {adaptive_violations}, the client within the {} ms SLO): \
+         adaptive left over a third of the disk idle. {}",
+        sc.slo_ms,
+        describe(&fixed)
+    );
 }
 
 /// The whole per-cycle table of a run, for a test's output.
@@ -486,12 +617,12 @@ pub fn print_cycles(o: &Outcome) {
         );
     }
     println!(
-        "{}: steady {}/{} violating, {} changes, fio p99.9 {:.2} ms (solo {:.2}), aggressor {:.0} MB/s steady, {:.0} MB total, to SLO {:?}, to lift {:?}",
+        "{}: steady {}/{} violating, {} changes, client p99.9 {:.2} ms (solo {:.2}), aggressor {:.0} MB/s steady, {:.0} MB total, to SLO {:?}, to lift {:?}",
         o.mode.label(),
         o.steady_violations,
         o.steady_cycles,
         o.steady_changes,
-        o.steady_fio_p999_ms,
+        o.steady_client_p999_ms,
         o.solo_p999_ms,
         o.aggressor_steady_mbps,
         o.aggressor_total_mb,

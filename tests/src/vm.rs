@@ -57,6 +57,17 @@ pub fn add_module(kdir: &Path, rel_glob: &str, dest: &Path) {
 }
 
 pub fn build_initramfs(kdir: &Path, scratch: &Scratch, init: &str) -> PathBuf {
+    build_initramfs_with(kdir, scratch, init, &[])
+}
+
+/// As [`build_initramfs`], with more modules (paths under the kernel's `kernel/`, without
+/// `.ko`) in the guest's /lib by their file name, for its init to load in this order.
+pub fn build_initramfs_with(
+    kdir: &Path,
+    scratch: &Scratch,
+    init: &str,
+    modules: &[&str],
+) -> PathBuf {
     let root = scratch.path("root");
     for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "sys/fs/cgroup"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -70,6 +81,10 @@ pub fn build_initramfs(kdir: &Path, scratch: &Scratch, init: &str) -> PathBuf {
         "drivers/block/null_blk/null_blk",
         &root.join("lib/null_blk.ko"),
     );
+    for m in modules {
+        let name = m.rsplit('/').next().unwrap();
+        add_module(kdir, m, &root.join(format!("lib/{name}.ko")));
+    }
     std::fs::write(root.join("init"), init).unwrap();
     run_ok(Command::new("chmod").args(["+x"]).arg(root.join("init")));
     let initrd = scratch.path("initrd.gz");

@@ -6,7 +6,12 @@
 //! goes to a null_blk device (no disk is written). The guest prints io.stat and the event
 //! stream to the serial console, which this test parses.
 
-use isolator_tests::{vm::*, *};
+use isolator_tests::{
+    scenario::{self, Aggressor, Mode, Scenario},
+    vm::*,
+    vm_scenario::{self, VmDisk},
+    *,
+};
 use serde_json::Value;
 
 const INIT: &str = r#"#!/bin/busybox sh
@@ -389,4 +394,44 @@ fn debian_6_1_128_possible_cpus_2000_keys() {
         churned.tracked_keys,
         big.loaded.tracked_keys
     );
+}
+
+/// Rounds of (adaptive, static cap) in the VM's control test: two, not the host's three, as a
+/// guest run takes 45 s of emulation.
+const VM_ROUNDS: usize = 2;
+
+/// Scenario 6 of issue 17: the writer scenario inside a 6.12 guest on cgroup v2, where the
+/// agent's knob is `io.max` (the host is v1), on a virtio disk that is a file on the host's
+/// disk. Held to the host tests' verdict: `adaptive` keeps the reader's SLO by its own log
+/// and is back within 3 cycles, and a static cap 1.5x the rate it gave the writer isolates
+/// worse. The SLO is the guest's own (15 ms): under emulation the reader alone gets
+/// 1.5-3 ms at p99.9, and the writer pushes it past 20 ms.
+#[test]
+fn cgroup_v2_io_max_control_in_a_vm_keeps_the_slo_and_the_writer_near_the_knee() {
+    require_tool("qemu-system-x86_64");
+    require_tool("cpio");
+    require_tool("tar");
+    let scratch = Scratch::new();
+    let disk = VmDisk::new(&scratch);
+    let sc = Scenario::new(Aggressor::Writer, 15, 30);
+    let run = |m: Mode| {
+        let o = vm_scenario::run(&disk, &sc, &m).unwrap_or_else(|e| panic!("{e}"));
+        scenario::print_cycles(&o);
+        o
+    };
+    scenario::assert_controlled(run, &sc, VM_ROUNDS, |o| {
+        let start = o
+            .events
+            .iter()
+            .find(|e| e["type"] == "agent_start")
+            .expect("agent_start");
+        assert_eq!(start["cgroup_mode"], "v2");
+        assert!(
+            o.events.iter().any(|e| e["type"] == "decision"
+                && e["service"] == "backup"
+                && e["knob"] == "wbps"
+                && e["applied"] == true),
+            "adaptive wrote no io.max cap on the writer"
+        );
+    });
 }

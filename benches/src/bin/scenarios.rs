@@ -11,9 +11,13 @@
 //! target at that rate and the other at the mode's, and its work conservation is the two
 //! writers' bytes together.
 //!
-//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix]
+//! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
+//! `isolator_tests::vm_scenario`), judged the same way from the load generator's own log.
+//!
+//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,vm-writer]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
 //!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--mix-caps 20,40,60,100]
+//!     [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
 //!     [--seconds 40] [--events-dir DIR]
 
 use std::collections::BTreeMap;
@@ -23,6 +27,7 @@ use isolator_tests::{
     disk_of,
     mix::{self, Mix, MixFiles, MixOutcome},
     scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
+    vm_scenario::{self, VmDisk},
     Scratch,
 };
 
@@ -63,6 +68,7 @@ fn run() -> Result<()> {
         "random-reader".into(),
         "on-off".into(),
         "paper-mix".into(),
+        "vm-writer".into(),
     ];
     let mut runs = 3u32;
     let mut slo_ms: Option<u64> = None;
@@ -71,6 +77,8 @@ fn run() -> Result<()> {
     let mut writer_caps: Vec<u64> = vec![200, 300, 400, 500, 600];
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
     let mut mix_caps: Vec<u64> = vec![20, 40, 60, 100];
+    let mut vm_caps: Vec<u64> = vec![100, 200, 250, 300, 400];
+    let mut vm_slo_ms = 15u64;
     let mut events_dir: Option<std::path::PathBuf> = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -85,11 +93,14 @@ fn run() -> Result<()> {
             "--writer-caps" => writer_caps = list(val()?, "--writer-caps: MB/s values")?,
             "--scan-caps" => scan_caps = list(val()?, "--scan-caps: MB/s values")?,
             "--mix-caps" => mix_caps = list(val()?, "--mix-caps: MB/s values")?,
+            "--vm-caps" => vm_caps = list(val()?, "--vm-caps: MB/s values")?,
+            "--vm-slo-ms" => vm_slo_ms = val()?.parse().context("--vm-slo-ms: a number")?,
             "--events-dir" => events_dir = Some(val()?.into()),
             _ => bail!(
-                "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix] [--runs N] \
-                 [--slo-ms N] [--seconds N] [--modes none,static,{}] [--writer-caps ..] \
-                 [--scan-caps ..] [--mix-caps ..] [--events-dir DIR]",
+                "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,vm-writer] \
+                 [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}] \
+                 [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--vm-caps ..] \
+                 [--vm-slo-ms N] [--events-dir DIR]",
                 POLICIES.join(",")
             ),
         }
@@ -119,12 +130,18 @@ fn run() -> Result<()> {
                     Scenario::new(Aggressor::Writer, 5, 30).on_off(20, 3),
                     &writer_caps,
                 ),
+                // The guest's SLO is its own: emulation slows the reader alone.
+                "vm-writer" => (Scenario::new(Aggressor::Writer, vm_slo_ms, seconds), &vm_caps),
                 _ => {
-                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off or paper-mix")
+                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off, paper-mix or vm-writer")
                 }
             };
             let s = Scenario {
-                slo_ms: slo_ms.unwrap_or(s.slo_ms),
+                slo_ms: if n == "vm-writer" {
+                    s.slo_ms
+                } else {
+                    slo_ms.unwrap_or(s.slo_ms)
+                },
                 ..s
             };
             Ok((n.clone(), s, caps.clone()))
@@ -139,12 +156,19 @@ fn run() -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let scratch = Scratch::new();
-    let files = Files::new(
-        &scratch,
-        scenarios
-            .iter()
-            .any(|(_, s, _)| s.aggressor == Aggressor::RandomReader),
-    );
+    let on_host = |n: &String| n != "vm-writer";
+    let files = scenarios.iter().any(|(n, _, _)| on_host(n)).then(|| {
+        Files::new(
+            &scratch,
+            scenarios
+                .iter()
+                .any(|(_, s, _)| s.aggressor == Aggressor::RandomReader),
+        )
+    });
+    let vm_disk = scenarios
+        .iter()
+        .any(|(n, _, _)| !on_host(n))
+        .then(|| VmDisk::new(&scratch));
     let mix_files = paper_mix.as_ref().map(|_| MixFiles::new(&scratch));
     let dev = disk_of(&scratch.dir);
     let mut mix_results: BTreeMap<String, Vec<MixOutcome>> = BTreeMap::new();
@@ -205,13 +229,19 @@ fn run() -> Result<()> {
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
-                let o =
-                    scenario::run(&scratch, &files, &dev, sc, &m).map_err(anyhow::Error::msg)?;
+                let o = match (&files, &vm_disk) {
+                    (Some(files), _) if on_host(name) => {
+                        scenario::run(&scratch, files, &dev, sc, &m)
+                    }
+                    (_, Some(disk)) => vm_scenario::run(disk, sc, &m),
+                    _ => unreachable!("the files of every scenario asked for are made"),
+                }
+                .map_err(anyhow::Error::msg)?;
                 eprintln!(
-                    "  {}/{} violating, fio p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
+                    "  {}/{} violating, client p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
                     o.steady_violations,
                     o.steady_cycles,
-                    o.steady_fio_p999_ms,
+                    o.steady_client_p999_ms,
                     o.aggressor_steady_mbps,
                     o.steady_changes
                 );
@@ -359,7 +389,7 @@ fn report(
             best_labels.join(", ")
         );
         println!();
-        println!("| mode | reader p99.9 per cycle, ms (repeat 1) | cycles to SLO | steady violations | steady p99.9 by fio | aggressor MB/s steady | aggressor MB total | cap changes in steady | isolation | latency impact | work conservation (share of best static) |");
+        println!("| mode | reader p99.9 per cycle, ms (repeat 1) | cycles to SLO | steady violations | steady p99.9 by the client (fio; the load generator in the VM) | aggressor MB/s steady | aggressor MB total | cap changes in steady | isolation | latency impact | work conservation (share of best static) |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
         let mut labels: Vec<&String> = results
             .keys()
@@ -401,7 +431,7 @@ fn report(
                 to_slo.join(", "),
                 med(&|o| o.steady_violations as f64),
                 med(&|o| o.steady_cycles as f64),
-                med(&|o| o.steady_fio_p999_ms),
+                med(&|o| o.steady_client_p999_ms),
                 med(&|o| o.aggressor_steady_mbps),
                 med(&|o| o.aggressor_total_mb),
                 med(&|o| o.steady_changes as f64),

@@ -1,0 +1,221 @@
+//! Scenario 6: a control scenario on cgroup v2 `io.max`, inside a qemu guest (Debian's 6.12
+//! kernel) whose virtio disk is a file on the host's disk. The host here runs cgroup v1, so
+//! this is where the v2 knob is exercised under load. The guest runs the scenario of
+//! [`crate::scenario`] with the static load generator in place of fio (busybox has no fio):
+//! the reader logs every I/O's latency in fio's format, and the guest hands its files back
+//! as a tar archive written to a second virtio disk (the serial console is too slow and
+//! interleaves kernel messages). The run is judged by [`crate::scenario`]'s own rules.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
+
+use crate::{
+    make_file, noisy, run_ok,
+    scenario::{judged, Mode, Outcome, Scenario},
+    vm, Scratch,
+};
+
+/// The guest kernel: the newest of the matrix.
+const KERNEL: &str = "linux-image-6.12.";
+
+/// The guest disk's size: the reader reads all of it at random, the writer writes it over
+/// and over.
+const DISK_BYTES: u64 = 1 << 30;
+
+/// The guest's init. Its parameters come on the kernel's command line as `iso.NAME=VALUE`
+/// (`args`: the agent's arguments, comma-separated; `cap`: the writer's static io.max in
+/// bytes/s, 0 for none).
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mkdir -m 700 /tmp/out
+mount -t cgroup2 none /sys/fs/cgroup
+insmod /lib/virtio_blk.ko
+for x in $(cat /proc/cmdline); do
+  case "$x" in iso.*=*) k=${x%%=*}; eval "${k#iso.}='${x#*=}'";; esac
+done
+args=$(echo "$args" | tr , ' ')
+i=0
+while [ ! -b /dev/vda ] || [ ! -b /dev/vdb ]; do
+  i=$((i+1)); [ $i -gt 100 ] && break; sleep 0.1
+done
+DEV=$(cat /sys/block/vda/dev)
+echo "=== vda $DEV $(cat /sys/block/vda/queue/scheduler)"
+echo +io > /sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/db /sys/fs/cgroup/backup
+printf '[[service]]\nname = "db"\ncgroup = "/db"\nclass = "latency"\np999 = "%sms"\n\n[[service]]\nname = "backup"\ncgroup = "/backup"\nclass = "best-effort"\nfloor = "20MB/s"\n' "$slo_ms" > /tmp/s.toml
+[ "$cap" = 0 ] || echo "$DEV wbps=$cap" > /sys/fs/cgroup/backup/io.max
+up() { cut -d' ' -f1 /proc/uptime; }
+/isolator run --interval 1s --json /tmp/out/ev.json --config /tmp/s.toml --journal-dir /tmp/j --socket off --docker-socket off $args 2>/tmp/out/agent.err &
+AP=$!
+i=0
+while ! grep -q agent_start /tmp/out/ev.json 2>/dev/null; do
+  i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
+done
+total=$((solo_s + on_s * times + off_s * (times - 1) + 2))
+echo "reader $(up)" > /tmp/out/phases
+/loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds $total --lat-log /tmp/out/lat > /tmp/out/reader.out 2>&1 &
+RP=$!
+sleep $solo_s
+n=0
+while [ $n -lt $times ]; do
+  [ $n -gt 0 ] && sleep $off_s
+  s=$(up)
+  /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --wrap --bytes 1099511627776 --bs 1048576 --direct --threads 32 --seconds $on_s >> /tmp/out/writer.out 2>&1
+  rc=$?
+  echo "aggressor $s $(up) $rc" >> /tmp/out/phases
+  n=$((n+1))
+done
+wait $RP
+echo "reader_rc $?" >> /tmp/out/phases
+sleep 2
+kill -TERM $AP
+wait $AP
+echo "agent_rc $?" >> /tmp/out/phases
+cat /sys/fs/cgroup/backup/io.max > /tmp/out/io.max.after
+tar -cf /dev/vdb -C /tmp out && echo "=== out written"
+sync
+poweroff -f
+"#;
+
+/// The guest's disk: a file on the host's disk, written through once so the reader's reads
+/// reach the disk (a hole reads as zeros without any I/O).
+pub struct VmDisk {
+    image: PathBuf,
+}
+
+impl VmDisk {
+    pub fn new(scratch: &Scratch) -> VmDisk {
+        let image = scratch.path("vm-disk.img");
+        make_file(&image, DISK_BYTES);
+        VmDisk { image }
+    }
+}
+
+/// Runs `scenario` in `mode` once in a fresh guest (the aggressor is the writer: scenario 1).
+pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, String> {
+    let kdir = vm::kernel_dir(KERNEL);
+    let run_dir = Scratch::new();
+    let initrd = vm::build_initramfs_with(&kdir, &run_dir, INIT, &["drivers/block/virtio_blk"]);
+    let out_img = run_dir.path("out.img");
+    std::fs::File::create(&out_img)
+        .and_then(|f| f.set_len(64 << 20))
+        .map_err(|e| format!("{}: {e}", out_img.display()))?;
+    let cap = match mode {
+        Mode::Static(mbps) => mbps * 1_000_000,
+        _ => 0,
+    };
+    let append = format!(
+        "iso.slo_ms={} iso.solo_s={} iso.on_s={} iso.off_s={} iso.times={} iso.cap={cap} iso.args={}",
+        scenario.slo_ms,
+        scenario.solo_s,
+        scenario.on_s,
+        scenario.off_s,
+        scenario.times,
+        mode.agent_args().join(",")
+    );
+    let drive = |file: &Path, extra: &str| {
+        format!(
+            "file={},if=virtio,format=raw{extra}",
+            file.to_str().unwrap()
+        )
+    };
+    // cache=none: the guest's I/O reaches the host's disk (O_DIRECT), not its page cache.
+    let (data, out) = (
+        drive(&disk.image, ",cache=none,aio=native"),
+        drive(&out_img, ""),
+    );
+    let console = vm::boot_with(
+        &kdir,
+        &initrd,
+        "2",
+        &["-drive", &data, "-drive", &out],
+        &append,
+    );
+    let label = mode.label();
+    if !console.contains("=== out written") {
+        return Err(format!(
+            "{label}: the guest wrote no results; its console:\n{console}"
+        ));
+    }
+    run_ok(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&out_img)
+            .arg("-C")
+            .arg(&run_dir.dir),
+    );
+    let file = |name: &str| -> Result<String, String> {
+        let p = run_dir.path(&format!("out/{name}"));
+        std::fs::read_to_string(&p).map_err(|e| format!("{label}: {}: {e}", p.display()))
+    };
+    let phases = file("phases")?;
+    let (reader_s, aggressor_s) = parse_phases(&phases)
+        .map_err(|e| format!("{label}: {e}; the guest's phases:\n{phases}"))?;
+    for (what, tag) in [("the reader", "reader_rc 0"), ("the agent", "agent_rc 0")] {
+        if !phases.lines().any(|l| l == tag) {
+            return Err(format!(
+                "{label}: {what} failed in the guest:\n{phases}\nagent: {}\nreader: {}",
+                file("agent.err").unwrap_or_default(),
+                file("reader.out").unwrap_or_default()
+            ));
+        }
+    }
+    // The guest's io.max of the writer once the agent had exited: what a static mode set by
+    // hand, and nothing a policy wrote (the agent restores what it changed).
+    let left = file("io.max.after")?;
+    if matches!(mode, Mode::Policy(_)) && left.contains("wbps=") {
+        return Err(format!(
+            "{label}: the agent left a cap behind on the writer: {}",
+            left.trim()
+        ));
+    }
+    let events: Vec<Value> = file("ev.json")?
+        .lines()
+        .filter(|l| l.ends_with('}'))
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("{label}: event {l}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let lat = noisy::parse_lat_log(&file("lat")?);
+    let to_ms = |s: f64| ((s - reader_s).max(0.0) * 1000.0) as u64;
+    let phases_ms: Vec<(u64, u64)> = aggressor_s
+        .iter()
+        .map(|&(s, e)| (to_ms(s), to_ms(e)))
+        .collect();
+    eprintln!(
+        "{label}: the guest's writer: {}",
+        file("writer.out")?.trim().replace('\n', "; ")
+    );
+    Ok(judged(mode, scenario, &events, &lat, &phases_ms))
+}
+
+/// The guest's `phases` file: when the reader started (s of uptime), and each aggressor
+/// phase's start and end; an aggressor that failed is an error.
+fn parse_phases(text: &str) -> Result<(f64, Vec<(f64, f64)>), String> {
+    let mut reader = None;
+    let mut aggressor = vec![];
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let num = |s: &str| s.parse::<f64>().map_err(|e| format!("{l:?}: {e}"));
+        match f.as_slice() {
+            ["reader", t] => reader = Some(num(t)?),
+            ["aggressor", s, e, rc] => {
+                if *rc != "0" {
+                    return Err(format!("the writer exited with {rc}"));
+                }
+                aggressor.push((num(s)?, num(e)?));
+            }
+            _ => {}
+        }
+    }
+    match reader {
+        Some(r) if !aggressor.is_empty() => Ok((r, aggressor)),
+        _ => Err("no reader start or no aggressor phase".into()),
+    }
+}
