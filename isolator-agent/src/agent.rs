@@ -53,7 +53,8 @@ pub struct RunOptions {
     /// Cycle length, 1s to 10s (e.g. 1s, 2500ms, 5).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
-    /// Append events to this file instead of stdout.
+    /// Append events to this file instead of stdout ("off": no NDJSON output; the socket
+    /// and --metrics still serve).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// Rotate the --json file before it grows past this size (e.g. 100MiB, 64M; K, M, G
@@ -293,6 +294,8 @@ impl Agent {
     /// Everything that can fail on bad input fails here, before the first cycle.
     pub fn start(opts: &RunOptions) -> Result<Self> {
         let sink = match &opts.json {
+            // As --socket off and --docker-socket off do, not a file named "off".
+            Some(p) if p.as_os_str() == "off" => NdjsonSink::to_writer(Box::new(std::io::sink())),
             Some(p) => NdjsonSink::file(
                 p,
                 rotation::RotationLimits {
@@ -395,6 +398,21 @@ impl Agent {
         let mut control = control;
         if let Some(c) = control.as_mut() {
             c.set_throttle_wait_timed(probe.features.throttle_wait_timed);
+        }
+        if !probe.features.throttle_wait_timed {
+            // A pipeline that filters on warnings learns it too, not only a reader of
+            // agent_start's features.
+            let why = probe
+                .throttle_error()
+                .map_or(String::new(), |e| format!(" ({e})"));
+            early_events.push(Event::Warning(Notice {
+                code: "throttle_wait_untimed".into(),
+                message: format!(
+                    "the wait an I/O limit imposes is not timed, so latencies leave it out{why}; \
+                     adaptive never caps a latency service until a kernel that allows fexit \
+                     programs times it"
+                ),
+            }));
         }
         let collector = Collector::new(
             &mut probe.ebpf,

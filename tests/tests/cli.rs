@@ -184,3 +184,47 @@ fn sigterm_and_sigint_stop_within_the_cycle() {
         assert!(!text.contains("cycle_end"), "{text}");
     }
 }
+
+/// `--json off` means no NDJSON output, as `--socket off` means no socket: nothing on
+/// stdout, and no file named "off" where the agent was started.
+#[test]
+fn json_off_writes_no_events_anywhere() {
+    require_root();
+    let scratch = Scratch::new();
+    let child = Command::new(isolator_bin())
+        .current_dir(&scratch.dir)
+        .args([
+            "run",
+            "--interval",
+            "1s",
+            "--json",
+            "off",
+            "--socket",
+            "off",
+            "--docker-socket",
+            "off",
+            "--containerd-socket",
+            "off",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past load and a first cycle (a failed start exits before this).
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "events on stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let left: Vec<_> = std::fs::read_dir(&scratch.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "files made: {left:?}");
+}

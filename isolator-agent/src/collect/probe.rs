@@ -407,6 +407,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         }
         src = c.source();
     }
+    // aya ends the error with "Verifier output: " and the log, which is empty where the
+    // kernel refuses a program type outright (EPERM for fexit): nothing to point at then.
+    let s = match s.trim_end().strip_suffix("Verifier output:") {
+        Some(head) => head.trim_end().trim_end_matches('.').to_string(),
+        None => s,
+    };
     // Verifier logs are multi-line; keep the error one line and the log in debug output.
     if let Some(first) = s.lines().next() {
         if s.lines().count() > 1 {
@@ -569,7 +575,30 @@ mod tests {
     };
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
-    use super::{parse_cpu_list, EBPF_OBJECT};
+    use super::{error_chain, parse_cpu_list, EBPF_OBJECT};
+
+    #[derive(Debug)]
+    struct Refused(&'static str);
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Refused {}
+
+    #[test]
+    fn an_empty_verifier_log_is_not_named() {
+        let e = Refused("the BPF_PROG_LOAD syscall returned Operation not permitted (os error 1). Verifier output: ");
+        assert_eq!(
+            error_chain(&e),
+            "the BPF_PROG_LOAD syscall returned Operation not permitted (os error 1)"
+        );
+        let e = Refused("the BPF_PROG_LOAD syscall returned Invalid argument. Verifier output: 0: r1 = 0\n1: exit");
+        assert_eq!(
+            error_chain(&e),
+            "the BPF_PROG_LOAD syscall returned Invalid argument. Verifier output: 0: r1 = 0 (verifier log in --log-level debug)"
+        );
+    }
 
     /// A map as the object must define it.
     #[derive(Debug, PartialEq, Eq)]
