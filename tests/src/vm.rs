@@ -182,19 +182,28 @@ pub fn boot_with(
     reader.join().unwrap().replace('\r', "")
 }
 
-/// The scale run: N cgroups (@CGROUPS@) x 4 null_blk disks x (read, write) = 8N keys, with the
-/// agent in a cgroup of its own so the kernel memory its maps take is charged there
-/// (memory.current less its anon and file pages); `Percpu:` of /proc/meminfo is read
-/// too. With CHURN=1, 10,000 more cgroups follow in 20 waves of 500, each doing one read
-/// and removed again.
-pub const SCALE_INIT: &str = r#"#!/bin/busybox sh
+/// What every guest's init starts with (a guest's script is this and its own body): busybox,
+/// the kernel's filesystems, tmpfs /tmp and cgroup v2.
+pub const GUEST_PREAMBLE: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
-mkdir -m 700 /tmp/ev
 mount -t cgroup2 none /sys/fs/cgroup
+"#;
+
+/// The guest's whole init: [`GUEST_PREAMBLE`], then `body`.
+pub fn guest_init(body: &str) -> String {
+    format!("{GUEST_PREAMBLE}{body}")
+}
+
+/// The scale run: N cgroups (@CGROUPS@) x 4 null_blk disks x (read, write) = 8N keys, with the
+/// agent in a cgroup of its own so the kernel memory its maps take is charged there
+/// (memory.current less its anon and file pages); `Percpu:` of /proc/meminfo is read
+/// too. With CHURN=1, 10,000 more cgroups follow in 20 waves of 500, each doing one read
+/// and removed again.
+pub const SCALE_INIT: &str = r#"mkdir -m 700 /tmp/ev
 insmod /lib/configfs.ko
 insmod /lib/null_blk.ko nr_devices=4 gb=1 bs=4096
 # Memory accounting for the agent's cgroup only: per-CPU memcg statistics of thousands of
@@ -330,7 +339,7 @@ pub fn scale_run_on(kernel: &str, smp: &str, cgroups: usize, churn: bool) -> Sca
     require_tool("cpio");
     let kdir = kernel_dir(kernel);
     let scratch = Scratch::new();
-    let init = SCALE_INIT
+    let init = guest_init(SCALE_INIT)
         .replace("\"$CHURN\" = 1", if churn { "1 = 1" } else { "1 = 0" })
         .replace("@CGROUPS@", &cgroups.to_string());
     let initrd = build_initramfs(&kdir, &scratch, &init);

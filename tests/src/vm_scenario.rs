@@ -26,17 +26,10 @@ const KERNEL: &str = "linux-image-6.12.";
 /// and over.
 const DISK_BYTES: u64 = 1 << 30;
 
-/// The guest's init. Its parameters come on the kernel's command line as `iso.NAME=VALUE`
+/// The guest's init after [`vm::GUEST_PREAMBLE`]. Its parameters come on the kernel's command line as `iso.NAME=VALUE`
 /// (`args`: the agent's arguments, comma-separated; `cap`: the writer's static io.max in
 /// bytes/s, 0 for none).
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
-mkdir -m 700 /tmp/out
-mount -t cgroup2 none /sys/fs/cgroup
+const INIT: &str = r#"mkdir -m 700 /tmp/out
 insmod /lib/virtio_blk.ko
 for x in $(cat /proc/cmdline); do
   case "$x" in iso.*=*) k=${x%%=*}; eval "${k#iso.}='${x#*=}'";; esac
@@ -103,7 +96,12 @@ impl VmDisk {
 pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, String> {
     let kdir = vm::kernel_dir(KERNEL);
     let run_dir = Scratch::new();
-    let initrd = vm::build_initramfs_with(&kdir, &run_dir, INIT, &["drivers/block/virtio_blk"]);
+    let initrd = vm::build_initramfs_with(
+        &kdir,
+        &run_dir,
+        &vm::guest_init(INIT),
+        &["drivers/block/virtio_blk"],
+    );
     let out_img = run_dir.path("out.img");
     std::fs::File::create(&out_img)
         .and_then(|f| f.set_len(64 << 20))

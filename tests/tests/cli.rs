@@ -193,19 +193,8 @@ fn json_off_writes_no_events_anywhere() {
     let scratch = Scratch::new();
     let child = Command::new(isolator_bin())
         .current_dir(&scratch.dir)
-        .args([
-            "run",
-            "--interval",
-            "1s",
-            "--json",
-            "off",
-            "--socket",
-            "off",
-            "--docker-socket",
-            "off",
-            "--containerd-socket",
-            "off",
-        ])
+        .args(["run", "--interval", "1s", "--json", "off"])
+        .args(SOCKETS_OFF)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -14,15 +14,9 @@ use isolator_tests::{
 };
 use serde_json::Value;
 
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
-# The agent writes events only in a directory no other user can write (tmpfs /tmp is 1777).
+/// The guest's init after [`GUEST_PREAMBLE`].
+const INIT: &str = r#"# The agent writes events only in a directory no other user can write (tmpfs /tmp is 1777).
 mkdir -m 700 /tmp/ev
-mount -t cgroup2 none /sys/fs/cgroup
 # Waits (at most 120 s) until the agent writing events to $1 has started.
 wait_started() {
   i=0
@@ -143,7 +137,7 @@ fn run_vm(prefix: &str, release_prefix: &str) {
     require_tool("cpio");
     let kdir = kernel_dir(prefix);
     let scratch = Scratch::new();
-    let initrd = build_initramfs(&kdir, &scratch, INIT);
+    let initrd = build_initramfs(&kdir, &scratch, &guest_init(INIT));
     let out = boot(&kdir, &initrd, "2");
     eprintln!("{out}");
     let uname = section(&out, "uname");
