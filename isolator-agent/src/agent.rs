@@ -402,15 +402,18 @@ impl Agent {
         if !probe.features.throttle_wait_timed {
             // A pipeline that filters on warnings learns it too, not only a reader of
             // agent_start's features.
-            let why = probe
-                .throttle_error()
-                .map_or(String::new(), |e| format!(" ({e})"));
+            // Either the kernel refused the program, or it has no blk-throttle decision to
+            // trace (built without CONFIG_BLK_DEV_THROTTLING: then no limit waits either).
+            let why = probe.throttle_error().map_or_else(
+                || "the kernel's BTF has no blk-throttle decision function".to_string(),
+                str::to_string,
+            );
             early_events.push(Event::Warning(Notice {
                 code: "throttle_wait_untimed".into(),
                 message: format!(
-                    "the wait an I/O limit imposes is not timed, so latencies leave it out{why}; \
-                     adaptive never caps a latency service until a kernel that allows fexit \
-                     programs times it"
+                    "the wait an I/O limit imposes is not timed, so latencies leave it out \
+                     ({why}); adaptive never caps a latency service until a kernel with \
+                     blk-throttle that allows fexit programs times it"
                 ),
             }));
         }

@@ -39,6 +39,10 @@ i=0
 while [ ! -b /dev/vda ] || [ ! -b /dev/vdb ]; do
   i=$((i+1)); [ $i -gt 100 ] && break; sleep 0.1
 done
+# Without them nothing can be measured or handed back: the host sees no "out written".
+if [ ! -b /dev/vda ] || [ ! -b /dev/vdb ]; then
+  echo "=== the virtio disks did not appear"; poweroff -f
+fi
 DEV=$(cat /sys/block/vda/dev)
 echo "=== vda $DEV $(cat /sys/block/vda/queue/scheduler)"
 echo +io > /sys/fs/cgroup/cgroup.subtree_control
@@ -52,6 +56,10 @@ i=0
 while ! grep -q agent_start /tmp/out/ev.json 2>/dev/null; do
   i=$((i+1)); [ $i -gt 600 ] && break; sleep 0.2
 done
+# An agent that starts late would take the writer's start for the run's: no run then.
+if ! grep -q agent_start /tmp/out/ev.json 2>/dev/null; then
+  echo "=== the agent did not start within 120 s"; cat /tmp/out/agent.err; poweroff -f
+fi
 total=$((solo_s + on_s * times + off_s * (times - 1) + 2))
 echo "reader $(up)" > /tmp/out/phases
 /loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds $total --lat-log /tmp/out/lat > /tmp/out/reader.out 2>&1 &
@@ -155,8 +163,12 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
         std::fs::read_to_string(&p).map_err(|e| format!("{label}: {}: {e}", p.display()))
     };
     let phases = file("phases")?;
-    let (reader_s, aggressor_s) = parse_phases(&phases)
-        .map_err(|e| format!("{label}: {e}; the guest's phases:\n{phases}"))?;
+    let (reader_s, aggressor_s) = parse_phases(&phases).map_err(|e| {
+        format!(
+            "{label}: {e}; the guest's phases:\n{phases}\nwriter: {}",
+            file("writer.out").unwrap_or_default()
+        )
+    })?;
     for (what, tag) in [("the reader", "reader_rc 0"), ("the agent", "agent_rc 0")] {
         if !phases.lines().any(|l| l == tag) {
             return Err(format!(
@@ -167,13 +179,23 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
         }
     }
     // The guest's io.max of the writer once the agent had exited: what a static mode set by
-    // hand, and nothing a policy wrote (the agent restores what it changed).
+    // hand (a refused write would have run the mode uncapped), and nothing a policy wrote
+    // (the agent restores what it changed).
     let left = file("io.max.after")?;
-    if matches!(mode, Mode::Policy(_)) && left.contains("wbps=") {
-        return Err(format!(
-            "{label}: the agent left a cap behind on the writer: {}",
-            left.trim()
-        ));
+    match mode {
+        Mode::Policy(_) if left.contains("wbps=") => {
+            return Err(format!(
+                "{label}: the agent left a cap behind on the writer: {}",
+                left.trim()
+            ))
+        }
+        Mode::Static(_) if !left.contains(&format!("wbps={cap} ")) => {
+            return Err(format!(
+                "{label}: the writer's io.max is not the mode's cap: {:?}",
+                left.trim()
+            ))
+        }
+        _ => {}
     }
     let events: Vec<Value> = file("ev.json")?
         .lines()

@@ -398,7 +398,7 @@ fn debian_6_1_128_possible_cpus_2000_keys() {
 ///
 /// How well it controls is the benchmark's question (BENCHMARKS run G, median of 3), not this
 /// test's: under emulation the reader's p99.9 rests on 400-1,500 I/Os a cycle and the guest's
-/// knee moved from about 400 to over 1,000 MB/s between two runs 10 minutes apart, so the
+/// knee moved from about 400 to over 1,000 MB/s between two runs 40 minutes apart, so the
 /// host tests' verdict (client p99.9 within the SLO, a static cap 1.5x as fast isolating
 /// worse) passed one run of it and failed the next (15.22 and 16.80 ms against 15) with
 /// nothing changed in between.
