@@ -411,9 +411,9 @@ impl Agent {
             early_events.push(Event::Warning(Notice {
                 code: "throttle_wait_untimed".into(),
                 message: format!(
-                    "the wait an I/O limit imposes is not timed, so latencies leave it out \
-                     ({why}); adaptive never caps a latency service until a kernel with \
-                     blk-throttle that allows fexit programs times it"
+                    "{} ({why}); {}",
+                    probe::THROTTLE_UNTIMED,
+                    probe::THROTTLE_UNTIMED_FIX
                 ),
             }));
         }

@@ -160,7 +160,7 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
                 "features",
                 Warn,
                 format!("{}{why}", features.describe()),
-                Some("a kernel with CONFIG_BLK_DEV_THROTTLING that allows fexit programs times it; until then adaptive never caps a latency service"),
+                Some(probe::THROTTLE_UNTIMED_FIX),
             )
         });
     }

@@ -110,6 +110,8 @@ fn run() -> Result<()> {
             bail!("--modes: unknown mode {m}; use none, static or a policy name");
         }
     }
+    // Every scenario but the VM's runs on this host's disk.
+    let on_host = |n: &String| n != "vm-writer";
     let paper_mix = names
         .iter()
         .any(|n| n == "paper-mix")
@@ -137,10 +139,10 @@ fn run() -> Result<()> {
                 }
             };
             let s = Scenario {
-                slo_ms: if n == "vm-writer" {
-                    s.slo_ms
-                } else {
+                slo_ms: if on_host(n) {
                     slo_ms.unwrap_or(s.slo_ms)
+                } else {
+                    s.slo_ms
                 },
                 ..s
             };
@@ -156,7 +158,6 @@ fn run() -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let scratch = Scratch::new();
-    let on_host = |n: &String| n != "vm-writer";
     let files = scenarios.iter().any(|(n, _, _)| on_host(n)).then(|| {
         Files::new(
             &scratch,

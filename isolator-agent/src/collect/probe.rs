@@ -74,12 +74,18 @@ pub struct KernelFeatures {
     pub throttle_wait_timed: bool,
 }
 
+/// What a kernel that cannot time the wait in an I/O limit means, and what fixes it: said by
+/// `isolator check` and by the agent's `throttle_wait_untimed` warning alike.
+pub const THROTTLE_UNTIMED: &str =
+    "the wait an I/O limit imposes is not timed: latencies leave it out";
+pub const THROTTLE_UNTIMED_FIX: &str = "a kernel with CONFIG_BLK_DEV_THROTTLING that allows fexit programs times it; until then adaptive never caps a latency service";
+
 impl KernelFeatures {
     /// What differs from current kernels, for `isolator check`.
     pub fn describe(&self) -> String {
         let mut v = Vec::new();
         if !self.throttle_wait_timed {
-            v.push("the wait an I/O limit imposes is not timed: latencies leave it out");
+            v.push(THROTTLE_UNTIMED);
         }
         if self.disk_in_request {
             v.push("gendisk from request.rq_disk (no request_queue.disk)");
