@@ -35,9 +35,13 @@ struct LabelService {
 pub(super) struct Rematch {
     /// What became of label SLOs, each said once.
     pub events: Vec<Event>,
-    /// Services whose cgroups left them, vanished or were re-created, or that are gone:
-    /// they start over.
+    /// Services that lost every cgroup they had (they left it, vanished or were
+    /// re-created), or that are gone: they start over.
     pub restarted: Vec<ServiceId>,
+    /// Services that kept some of their cgroups and gained or lost others, with the cgroups
+    /// that joined: the limits the service holds are spread again over its cgroups now,
+    /// and its weight goes on the ones that joined.
+    pub regrouped: Vec<(ServiceId, Vec<Target>)>,
     /// Inodes of the cgroups that left a service: their knobs are given back.
     pub released: Vec<u64>,
     /// Label services that just appeared (their weights are due).
@@ -176,13 +180,29 @@ impl Membership {
                 .iter()
                 .filter(|t| new.is_none_or(|n| !n.iter().any(|n| n.ino == t.ino)))
                 .collect();
-            // A service that is gone (a label service let go) starts over too.
-            if lost.is_empty() && new.is_some() {
+            out.released.extend(lost.iter().map(|t| t.ino));
+            let Some(new) = new else {
+                // A service that is gone (a label service let go) starts over.
+                out.restarted.push(*sid);
+                continue;
+            };
+            if !old.is_empty() && lost.len() == old.len() {
+                out.restarted.push(*sid);
                 continue;
             }
-            out.released.extend(lost.iter().map(|t| t.ino));
-            out.restarted.push(*sid);
+            // Kept some: the cgroups that joined get the service's limits and weight (a
+            // new unit under a matched slice, a pod's new container), or they would run
+            // unlimited until the policy next decided something.
+            let joined: Vec<Target> = new
+                .iter()
+                .filter(|n| !old.iter().any(|t| t.ino == n.ino))
+                .cloned()
+                .collect();
+            if !joined.is_empty() || !lost.is_empty() {
+                out.regrouped.push((*sid, joined));
+            }
         }
+        out.regrouped.sort_by_key(|(sid, _)| *sid);
         out.new_label_services = new_targets
             .keys()
             .filter(|sid| !self.targets.contains_key(sid))

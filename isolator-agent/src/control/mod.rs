@@ -101,6 +101,37 @@ impl Controller {
         for sid in rematch.new_label_services {
             events.extend(self.apply_weight(sid, cycle));
         }
+        for (sid, joined) in rematch.regrouped {
+            events.extend(self.regroup(sid, &joined, cycle));
+        }
+        events
+    }
+
+    /// A service that kept some of its cgroups and gained or lost others: the limits it
+    /// holds are spread over its cgroups now, and its weight goes on those that joined.
+    fn regroup(&mut self, sid: ServiceId, joined: &[membership::Target], cycle: u64) -> Vec<Event> {
+        let Some(spec) = self.membership.spec(sid) else {
+            return vec![];
+        };
+        let mut events = match spec.weight {
+            Some(w) if !joined.is_empty() => self.enforcement.weight(cycle, &spec.name, joined, w),
+            _ => vec![],
+        };
+        let mut held: Vec<(u32, IoMaxLimit)> = self
+            .states
+            .iter()
+            .filter(|(&(s, _), st)| s == sid && !st.limit.is_unlimited())
+            .map(|(&(_, dev), st)| (dev, st.limit))
+            .collect();
+        held.sort_unstable_by_key(|&(dev, _)| dev);
+        for held in held {
+            events.extend(self.enforcement.respread(
+                cycle,
+                (sid, &spec.name),
+                self.membership.targets(sid),
+                held,
+            ));
+        }
         events
     }
 

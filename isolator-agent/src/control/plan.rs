@@ -9,7 +9,7 @@ use super::{membership::Target, report, DevState};
 use crate::{
     enforcer::{EnforceError, Enforcer, Setting},
     events::Event,
-    policy::{Decision, DeviceCycle, Knob, MIN_CAP_BPS, MIN_CAP_IOPS},
+    policy::{Decision, DeviceCycle, IoMaxLimit, Knob, ServiceId, MIN_CAP_BPS, MIN_CAP_IOPS},
 };
 
 /// A service's limit split evenly over its cgroups, never below the per-cgroup minimum
@@ -77,20 +77,92 @@ impl Enforcement {
         state: &mut DevState,
         dec: Decision,
     ) -> Vec<Event> {
-        let dev = &crate::identify::disks::dev_text(d.dev);
-        let old = state.limit.get(dec.knob);
         if targets.is_empty() {
-            if self.said.insert(format!("notargets:{service}")) {
-                return vec![report::no_cgroup(service)];
-            }
-            return vec![];
+            return self.no_targets(service);
         }
+        let old = state.limit.get(dec.knob);
+        let knob = dec.knob;
+        let to = dec.to;
+        let (events, ok) = self.write(d.cycle, policy, service, targets, old, dec);
+        // The recorded limit follows a decision its cgroups took (a knob someone else took
+        // aside): after a rejected write it stays what they still hold.
+        if ok {
+            state.limit.set(knob, to);
+        }
+        state.changed_cycle = Some(d.cycle);
+        events
+    }
+
+    /// Writes the limits a service holds on `dev` again over its cgroups, after some joined
+    /// or left it: each cgroup's share changes with their number, and one that joined holds
+    /// nothing yet. Not a decision of the policy's: the service's limit as a whole is the
+    /// same, and its cycle of last change stays. Its events say `membership` for the
+    /// policy and carry no `decided` (replay compares the policy's decisions only).
+    pub fn respread(
+        &mut self,
+        cycle: u64,
+        (sid, service): (ServiceId, &str),
+        targets: &[Target],
+        (dev, limit): (u32, IoMaxLimit),
+    ) -> Vec<Event> {
+        if targets.is_empty() {
+            return self.no_targets(service);
+        }
+        let mut events = vec![];
+        for knob in Knob::ALL {
+            let Some(total) = limit.get(knob) else {
+                continue;
+            };
+            let dec = Decision {
+                service: sid,
+                dev,
+                knob,
+                to: Some(total),
+                reason: format!(
+                    "the service's cgroups changed: its limit spread again over the {} it has now",
+                    targets.len()
+                ),
+                cause: Default::default(),
+            };
+            // A cgroup that refuses it is an error event; the others hold their share, so
+            // the service's record stays, and the policy's next decision writes it again.
+            let (mut ev, _) = self.write(cycle, "membership", service, targets, Some(total), dec);
+            if let Some(Event::Decision(d)) = ev.first_mut() {
+                d.decided = None;
+                d.cause = None;
+            }
+            events.extend(ev);
+        }
+        events
+    }
+
+    /// A service without a cgroup to write on: said once.
+    fn no_targets(&mut self, service: &str) -> Vec<Event> {
+        if self.said.insert(format!("notargets:{service}")) {
+            return vec![report::no_cgroup(service)];
+        }
+        vec![]
+    }
+
+    /// Writes one limit over a service's cgroups (`old` is the service's limit before).
+    /// Returns the decision's event first, then its errors, and whether every cgroup took
+    /// it.
+    fn write(
+        &mut self,
+        cycle: u64,
+        policy: &str,
+        service: &str,
+        targets: &[Target],
+        old: Option<u64>,
+        dec: Decision,
+    ) -> (Vec<Event>, bool) {
+        let dev = &crate::identify::disks::dev_text(dec.dev);
         let cgroups: Vec<String> = targets.iter().map(|t| t.path.clone()).collect();
         let split = split_limit(dec.knob, dec.to, cgroups.len());
         let results = self.enforcer.apply_all(
             &cgroups,
             Setting::Limit {
-                dev: d.dev,
+                dev: dec.dev,
                 knob: dec.knob,
                 value: split.per_cgroup,
             },
@@ -121,12 +193,6 @@ impl Enforcement {
         if let Some(note) = split.note {
             reason = format!("{reason}; {note}");
         }
-        // The recorded limit follows a decision its cgroups took (a knob someone else took
-        // aside): after a rejected write it stays what they still hold.
-        if ok {
-            state.limit.set(dec.knob, dec.to);
-        }
-        state.changed_cycle = Some(d.cycle);
         let text = |v: Option<u64>| v.map_or("max".to_string(), |v| v.to_string());
         let outcome = report::LimitOutcome {
             cgroups,
@@ -136,10 +202,10 @@ impl Enforcement {
             reason,
         };
         let mut events = vec![report::limit_decision(
-            d.cycle, policy, service, dev, dec, outcome,
+            cycle, policy, service, dev, dec, outcome,
         )];
         events.extend(errors);
-        events
+        (events, ok)
     }
 
     /// Writes a configured weight on each of a service's cgroups.

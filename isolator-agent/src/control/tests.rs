@@ -563,6 +563,93 @@ fn a_recreated_cgroup_starts_its_service_over_and_closes_its_journal_entries() {
 }
 
 #[test]
+fn a_cgroup_that_joins_a_limited_service_gets_its_share_and_its_weight_at_once() {
+    let config = format!("{BATCH}weight=300\n");
+    let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::Enforcing);
+    rig.controller.apply_weights(0);
+    rig.decide(vec![decision(0, Knob::Wbps, Some(30 * MIB))]);
+    let changed = rig.controller.states[&(0, DEV)].changed_cycle;
+    // A fourth cgroup joins: the 30 MiB/s the service holds is spread over four, on the
+    // refresh that finds it, not at the policy's next decision.
+    rig.host.add_cgroup("/batch/d");
+    let ev = rig.refresh();
+    assert!(error_codes(&ev).is_empty(), "{ev:?}");
+    let quarter = "8:0 rbps=max wbps=7864320 riops=max wiops=max\n";
+    for cg in ["/batch/a", "/batch/b", "/batch/c", "/batch/d"] {
+        assert_eq!(rig.host.read_knob(cg, "io.max"), quarter, "{cg}");
+    }
+    assert_eq!(rig.host.read_knob("/batch/d", "io.weight"), "default 300\n");
+    let decisions = of_type(&ev, "decision");
+    let knobs: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|d| {
+            (
+                d["knob"].as_str().unwrap(),
+                d["cgroups"][0].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(knobs, [("weight", "/batch/d"), ("wbps", "/batch/a")]);
+    let spread = &decisions[1];
+    assert_eq!(spread["cgroups"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        (spread["old"].as_str(), spread["new"].as_str()),
+        (Some("10485760"), Some("7864320"))
+    );
+    assert!(
+        spread["reason"]
+            .as_str()
+            .unwrap()
+            .contains("spread again over the 4"),
+        "{spread}"
+    );
+    // The service's limit as a whole, its policy and its last change are as they were.
+    assert_eq!(rig.recorded(0).wbps, Some(30 * MIB));
+    assert_eq!(rig.controller.states[&(0, DEV)].changed_cycle, changed);
+    assert!(rig.policy.forgotten.lock().unwrap().is_empty());
+    // It leaves again: its knobs go back (its journal entries closed), the three left get a
+    // third each, and the service does not start over.
+    rig.host.remove_cgroup("/batch/d");
+    let ev = rig.refresh();
+    assert_eq!(
+        of_type(&ev, "restore").len(),
+        2,
+        "weight and io.max: {ev:?}"
+    );
+    for cg in BATCH_CGROUPS {
+        assert!(
+            rig.host.read_knob(cg, "io.max").contains("wbps=10485760"),
+            "{cg}"
+        );
+    }
+    assert_eq!(rig.recorded(0).wbps, Some(30 * MIB));
+    assert!(rig.policy.forgotten.lock().unwrap().is_empty());
+    // Lifted by the policy, then nothing is left anywhere once restored.
+    rig.decide(vec![decision(0, Knob::Wbps, None)]);
+    rig.controller.restore_all("stop");
+    assert_eq!(rig.journal_len(), 0);
+    for cg in BATCH_CGROUPS {
+        assert_eq!(rig.host.read_knob(cg, "io.max"), "", "{cg}");
+    }
+}
+
+#[test]
+fn a_config_service_whose_cgroup_appears_later_gets_its_weight() {
+    let config = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\nweight=200\n";
+    let mut rig = Rig::new(CgroupMode::V1, config, &["/other"], Run::Enforcing);
+    assert!(
+        rig.controller.apply_weights(0).is_empty(),
+        "nothing to write on yet"
+    );
+    rig.host.add_cgroup("/db");
+    let ev = rig.refresh();
+    assert_eq!(of_type(&ev, "decision").len(), 1, "{ev:?}");
+    assert_eq!(rig.host.read_knob("/db", "blkio.bfq.weight"), "200\n");
+    // Said once: the next refresh finds nothing new.
+    assert!(rig.refresh().is_empty());
+}
+
+#[test]
 fn restore_all_puts_back_exactly_what_was_written_and_nothing_else() {
     for mode in [CgroupMode::V1, CgroupMode::V2] {
         let config = format!("{BATCH}weight=300\n");
