@@ -954,6 +954,26 @@ mod tests {
     }
 
     #[test]
+    fn a_torn_journal_from_before_this_boot_is_closed_not_an_error() {
+        // Not fsynced, a journal written before a power cut may come back torn; its
+        // cgroups went with that boot.
+        let f = Fake::new(CgroupMode::V2);
+        std::fs::create_dir_all(f.journal_dir()).unwrap();
+        let path = f.journal_dir().join("journal.json");
+        std::fs::write(&path, "").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000))
+            .unwrap();
+        let mut e = f.enforcer();
+        assert!(e.recover().unwrap().is_empty());
+        assert!(!path.exists(), "closed");
+        assert!(e.journal_entries().is_empty());
+    }
+
+    #[test]
     fn a_vanished_cgroup_is_gone_not_a_crash() {
         let f = Fake::new(CgroupMode::V1);
         let mut e = f.enforcer();
