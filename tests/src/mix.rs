@@ -184,6 +184,12 @@ fn run_once(
     mix: &Mix,
     mode: &Mode,
 ) -> Result<MixOutcome, String> {
+    if let Mode::Weights(..) = mode {
+        return Err(format!(
+            "{}: the paper mix runs on this host, whose v1 weights need BFQ on its system disk",
+            mode.label()
+        ));
+    }
     let cg = Cgroups {
         db: TestCgroup::new("iso-mix-db"),
         cache: TestCgroup::new("iso-mix-cache"),

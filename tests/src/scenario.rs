@@ -113,6 +113,9 @@ pub enum Mode {
     Static(u64),
     /// A policy writes limits.
     Policy(String),
+    /// Proportional weights by hand for the whole run, no cap: the victim's and the
+    /// aggressor's (`io.weight` under iocost in the v2 guest).
+    Weights(u32, u32),
 }
 
 impl Mode {
@@ -132,6 +135,7 @@ impl Mode {
             Mode::None => "no control".into(),
             Mode::Static(m) => format!("static {m} MB/s"),
             Mode::Policy(p) => p.clone(),
+            Mode::Weights(v, a) => format!("weights {v}/{a}"),
         }
     }
 }
@@ -308,6 +312,12 @@ pub fn run_once(
     scenario: &Scenario,
     mode: &Mode,
 ) -> Result<Outcome, String> {
+    if let Mode::Weights(..) = mode {
+        return Err(format!(
+            "{}: weights are measured in the v2 guest (vm-writer); this host's v1 weights need BFQ on its system disk (benches/scripts/bfq-vs-cap.sh)",
+            mode.label()
+        ));
+    }
     let db = TestCgroup::new("iso-sc-db");
     let backup = TestCgroup::new("iso-sc-backup");
     let config = scratch.path("scenario.toml");

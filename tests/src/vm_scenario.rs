@@ -28,7 +28,9 @@ const DISK_BYTES: u64 = 1 << 30;
 
 /// The guest's init after [`vm::GUEST_PREAMBLE`]. Its parameters come on the kernel's command line as `iso.NAME=VALUE`
 /// (`args`: the agent's arguments, comma-separated; `cap`: the writer's static io.max in
-/// bytes/s, 0 for none).
+/// bytes/s, 0 for none; `weights`: the reader's and the writer's io.weight under iocost,
+/// `V/A`, 0 for none; `qos`: what follows `enable=1` in io.cost.qos, comma-separated, e.g.
+/// `ctrl=user,rpct=99.9,rlat=10000`).
 const INIT: &str = r#"mkdir -m 700 /tmp/out
 insmod /lib/virtio_blk.ko
 for x in $(cat /proc/cmdline); do
@@ -49,6 +51,15 @@ echo +io > /sys/fs/cgroup/cgroup.subtree_control
 mkdir /sys/fs/cgroup/db /sys/fs/cgroup/backup
 printf '[[service]]\nname = "db"\ncgroup = "/db"\nclass = "latency"\np999 = "%sms"\n\n[[service]]\nname = "backup"\ncgroup = "/backup"\nclass = "best-effort"\nfloor = "20MB/s"\n' "$slo_ms" > /tmp/s.toml
 [ "$cap" = 0 ] || echo "$DEV wbps=$cap" > /sys/fs/cgroup/backup/io.max
+# Weights under iocost: the guest takes its virtio disk as rotational, and iocost's HDD
+# model would throttle the reader alone; as an SSD it gets iocost's SSD model.
+if [ "$weights" != 0 ]; then
+  echo 0 > /sys/block/vda/queue/rotational
+  echo "$DEV enable=1 $(echo "$qos" | tr , ' ')" > /sys/fs/cgroup/io.cost.qos || { echo "=== iocost refused"; poweroff -f; }
+  echo "default ${weights%/*}" > /sys/fs/cgroup/db/io.weight
+  echo "default ${weights#*/}" > /sys/fs/cgroup/backup/io.weight
+  echo "=== iocost $(cat /sys/fs/cgroup/io.cost.qos) model $(cat /sys/fs/cgroup/io.cost.model)"
+fi
 up() { cut -d' ' -f1 /proc/uptime; }
 /isolator run --interval 1s --json /tmp/out/ev.json --config /tmp/s.toml --journal-dir /tmp/j --socket off --docker-socket off $args 2>/tmp/out/agent.err &
 AP=$!
@@ -102,6 +113,18 @@ impl VmDisk {
 
 /// Runs `scenario` in `mode` once in a fresh guest (the aggressor is the writer: scenario 1).
 pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, String> {
+    run_with_qos(disk, scenario, mode, "")
+}
+
+/// [`run`], with `qos` after `enable=1` in io.cost.qos where the mode enables iocost
+/// (e.g. `ctrl=user rpct=99.9 rlat=10000`: iocost's own latency target; by default it has
+/// none, rpct=0, and steers its rate by queue depth alone).
+pub fn run_with_qos(
+    disk: &VmDisk,
+    scenario: &Scenario,
+    mode: &Mode,
+    qos: &str,
+) -> Result<Outcome, String> {
     let kdir = vm::kernel_dir(KERNEL);
     let run_dir = Scratch::new();
     let initrd = vm::build_initramfs_with(
@@ -118,8 +141,13 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
         Mode::Static(mbps) => mbps * 1_000_000,
         _ => 0,
     };
+    let weights = match mode {
+        Mode::Weights(v, a) => format!("{v}/{a}"),
+        _ => "0".into(),
+    };
+    let qos = qos.split_whitespace().collect::<Vec<_>>().join(",");
     let append = format!(
-        "iso.slo_ms={} iso.solo_s={} iso.on_s={} iso.off_s={} iso.times={} iso.cap={cap} iso.args={}",
+        "iso.slo_ms={} iso.solo_s={} iso.on_s={} iso.off_s={} iso.times={} iso.cap={cap} iso.weights={weights} iso.qos={qos} iso.args={}",
         scenario.slo_ms,
         scenario.solo_s,
         scenario.on_s,
@@ -146,6 +174,9 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
         &append,
     );
     let label = mode.label();
+    if let Some(l) = console.lines().find(|l| l.contains("=== iocost")) {
+        eprintln!("{label}: {}", l.trim());
+    }
     if !console.contains("=== out written") {
         return Err(format!(
             "{label}: the guest wrote no results; its console:\n{console}"

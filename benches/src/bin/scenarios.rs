@@ -18,6 +18,8 @@
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
 //!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--mix-caps 20,40,60,100]
 //!     [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
+//!     [--weights 1000/10,100/100 (mode `weights`: io.weight under iocost, vm-writer only)]
+//!     [--iocost-qos 'ctrl=user rpct=99.9 rlat=10000' (iocost's latency target in that mode)]
 //!     [--seconds 40] [--events-dir DIR]
 
 use std::collections::BTreeMap;
@@ -62,6 +64,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `--weights 1000/10,100/100`: the victim's and the aggressor's weight per mode.
+fn weight_pairs(v: &str) -> Result<Vec<(u32, u32)>> {
+    v.split(',')
+        .map(|p| {
+            let (a, b) = p.split_once('/').with_context(|| {
+                format!("--weights: {p:?} is not VICTIM/AGGRESSOR, e.g. 1000/10")
+            })?;
+            let w = |x: &str| -> Result<u32> {
+                x.parse::<u32>()
+                    .ok()
+                    .filter(|w| (1..=10000).contains(w))
+                    .with_context(|| format!("--weights: {x:?} is not a weight from 1 to 10000"))
+            };
+            Ok((w(a)?, w(b)?))
+        })
+        .collect()
+}
+
 fn run() -> Result<()> {
     let mut names = vec![
         "writer".to_string(),
@@ -79,6 +99,8 @@ fn run() -> Result<()> {
     let mut mix_caps: Vec<u64> = vec![20, 40, 60, 100];
     let mut vm_caps: Vec<u64> = vec![100, 200, 250, 300, 400];
     let mut vm_slo_ms = 15u64;
+    let mut weights: Vec<(u32, u32)> = vec![(1000, 10), (100, 100)];
+    let mut iocost_qos = String::new();
     let mut events_dir: Option<std::path::PathBuf> = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -95,19 +117,21 @@ fn run() -> Result<()> {
             "--mix-caps" => mix_caps = list(val()?, "--mix-caps: MB/s values")?,
             "--vm-caps" => vm_caps = list(val()?, "--vm-caps: MB/s values")?,
             "--vm-slo-ms" => vm_slo_ms = val()?.parse().context("--vm-slo-ms: a number")?,
+            "--weights" => weights = weight_pairs(val()?)?,
+            "--iocost-qos" => iocost_qos = val()?.clone(),
             "--events-dir" => events_dir = Some(val()?.into()),
             _ => bail!(
                 "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,vm-writer] \
                  [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}] \
                  [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--vm-caps ..] \
-                 [--vm-slo-ms N] [--events-dir DIR]",
+                 [--vm-slo-ms N] [--weights V/A,..] [--iocost-qos 'rpct=.. rlat=..'] [--events-dir DIR]",
                 POLICIES.join(",")
             ),
         }
     }
     for m in &modes {
-        if m != "none" && m != "static" && !POLICIES.contains(&m.as_str()) {
-            bail!("--modes: unknown mode {m}; use none, static or a policy name");
+        if !["none", "static", "weights"].contains(&m.as_str()) && !POLICIES.contains(&m.as_str()) {
+            bail!("--modes: unknown mode {m}; use none, static, weights or a policy name");
         }
     }
     // Every scenario but the VM's runs on this host's disk.
@@ -179,12 +203,16 @@ fn run() -> Result<()> {
     let mut best: BTreeMap<usize, Vec<Option<Outcome>>> = BTreeMap::new();
     // The modes of one repeat, in the order they run: alternated between repeats, so a
     // drift of the disk within a repeat does not always favour the same modes.
-    let modes_of = |caps: &[u64], r: u32| {
+    // Weights are measured where iocost runs: in the v2 guest (this host's v1 weights need
+    // BFQ on its system disk: benches/scripts/bfq-vs-cap.sh).
+    let modes_of = |caps: &[u64], r: u32, vm: bool| {
         let mut ms: Vec<Mode> = vec![];
         for m in &modes {
             match m.as_str() {
                 "none" => ms.push(Mode::None),
                 "static" => ms.extend(caps.iter().map(|&c| Mode::Static(c))),
+                "weights" if vm => ms.extend(weights.iter().map(|&(v, a)| Mode::Weights(v, a))),
+                "weights" => {}
                 p => ms.push(Mode::Policy(p.into())),
             }
         }
@@ -196,7 +224,7 @@ fn run() -> Result<()> {
     for r in 0..runs {
         if let (Some(m), Some(files)) = (&paper_mix, &mix_files) {
             let mut outs = vec![];
-            for mode in modes_of(&mix_caps, r) {
+            for mode in modes_of(&mix_caps, r, false) {
                 eprintln!("run {} paper-mix: {}", r + 1, mode.label());
                 let o = mix::run(&scratch, files, &dev, m, &mode).map_err(anyhow::Error::msg)?;
                 eprintln!(
@@ -226,7 +254,7 @@ fn run() -> Result<()> {
             }
         }
         for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
-            let ms = modes_of(caps, r);
+            let ms = modes_of(caps, r, !on_host(name));
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
@@ -234,7 +262,7 @@ fn run() -> Result<()> {
                     (Some(files), _) if on_host(name) => {
                         scenario::run(&scratch, files, &dev, sc, &m)
                     }
-                    (_, Some(disk)) => vm_scenario::run(disk, sc, &m),
+                    (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
                     _ => unreachable!("the files of every scenario asked for are made"),
                 }
                 .map_err(anyhow::Error::msg)?;
