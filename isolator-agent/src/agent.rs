@@ -26,6 +26,7 @@ use crate::{
         AgentStart, AgentStop, CgroupGone, CgroupStats, ContainerdConnected, CycleEnd, DeviceStats,
         DiskCycle, DockerConnected, Event, NdjsonSink, Notice, Totals,
     },
+    identify::cgroupfs::CgroupMode,
     identify::cgroupfs::IoHierarchy,
     identify::containerd,
     identify::containers::{self, ContainerTable, ContainerUpdate},
@@ -342,10 +343,17 @@ impl Agent {
             Some(path) => {
                 let cfg = Config::load(path)?;
                 let paths: Vec<String> = hierarchy.scan().into_values().collect();
-                cfg.check_against(&path.display().to_string(), &paths)?;
+                let file = path.display().to_string();
+                cfg.check_against(&file, &paths)?;
+                let iocost = cfg.iocost_devices(
+                    &file,
+                    hierarchy.mode == CgroupMode::V2,
+                    &hierarchy.root,
+                    &crate::identify::disks::whole_disk,
+                )?;
                 let policy = policy::by_name(&opts.policy, opts.ute_threshold)
                     .with_context(|| format!("unknown policy '{}'", opts.policy))?;
-                Some((cfg, policy))
+                Some((cfg, policy, iocost))
             }
         };
         // One agent per host enforces; a journal left by a crashed run is restored (where
@@ -381,9 +389,10 @@ impl Agent {
         };
         let control = match config {
             None => None,
-            Some((cfg, policy)) => {
+            Some((cfg, policy, iocost)) => {
                 let paths: Vec<String> = hierarchy.scan().into_values().collect();
                 let mut c = Controller::new(cfg, policy, enforcer);
+                c.set_iocost_disks(iocost);
                 early_events.extend(c.refresh(&hierarchy, &paths, &ContainerTable::default(), 0));
                 Some(c)
             }
@@ -457,7 +466,8 @@ impl Agent {
             sink.emit(e);
         }
         if let Some(c) = control.as_mut() {
-            for e in c.apply_weights(0) {
+            // iocost first: the weights act only where it is on.
+            for e in c.apply_iocost(0).into_iter().chain(c.apply_weights(0)) {
                 sink.emit(&e);
             }
         }

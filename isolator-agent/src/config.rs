@@ -234,6 +234,17 @@ pub struct Config {
     pub services: Vec<ServiceSpec>,
     /// What container labels may declare (`[labels]`).
     pub labels: LabelPolicy,
+    /// Disks to enable iocost on while the agent runs (`[iocost] disks`), so that weights
+    /// act there: a host-wide change, made only when asked.
+    pub iocost: Vec<IocostDisk>,
+}
+
+/// One disk of `[iocost] disks`: a block device name (`vda`, `/dev/nvme0n1`) or
+/// `major:minor`, and its line for messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IocostDisk {
+    pub disk: String,
+    pub line: usize,
 }
 
 /// The classes a service can have, as the config and labels spell them.
@@ -317,6 +328,13 @@ struct RawConfig {
     #[serde(default)]
     service: Vec<Spanned<RawService>>,
     labels: Option<RawLabels>,
+    iocost: Option<RawIocost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIocost {
+    disks: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -927,7 +945,69 @@ impl Config {
                 match_line,
             });
         }
-        Ok(Config { services, labels })
+        let mut iocost: Vec<IocostDisk> = vec![];
+        for d in raw.iocost.map(|i| i.disks).unwrap_or_default() {
+            let line = line_of(text, d.span().start);
+            let name = d.get_ref().trim();
+            let disk = name.strip_prefix("/dev/").unwrap_or(name).to_string();
+            if disk.is_empty() || disk.contains('/') || disk.chars().any(char::is_whitespace) {
+                return Err(err(
+                    d.span(),
+                    format!("[iocost] disk {name:?} is not a disk; give a block device name (vda, /dev/nvme0n1) or major:minor (254:0)"),
+                ));
+            }
+            if let Some(prev) = iocost.iter().find(|p| p.disk == disk) {
+                return Err(err(
+                    d.span(),
+                    format!(
+                        "[iocost] disk {disk} is listed twice (also on line {}); remove one",
+                        prev.line
+                    ),
+                ));
+            }
+            iocost.push(IocostDisk { disk, line });
+        }
+        Ok(Config {
+            services,
+            labels,
+            iocost,
+        })
+    }
+
+    /// The disks of `[iocost]` as device numbers, on this host: iocost is cgroup v2's, on
+    /// whole disks, in kernels built with it (`io.cost.qos` in the root cgroup, `root_dir`).
+    /// `dev_of` resolves a disk's name or `major:minor` to its number.
+    pub fn iocost_devices(
+        &self,
+        file: &str,
+        v2: bool,
+        root_dir: &Path,
+        dev_of: &dyn Fn(&str) -> Result<u32, String>,
+    ) -> Result<Vec<u32>, ConfigError> {
+        let Some(first) = self.iocost.first() else {
+            return Ok(vec![]);
+        };
+        if !v2 {
+            return Err(ConfigError::new(
+                file,
+                first.line,
+                "[iocost] is cgroup v2's and this host's io controller is on cgroup v1; remove [iocost] (v1 weights need BFQ as the disk's scheduler)",
+            ));
+        }
+        if !root_dir.join("io.cost.qos").exists() {
+            return Err(ConfigError::new(
+                file,
+                first.line,
+                &format!(
+                    "[iocost]: this kernel has no iocost ({} is missing); use a kernel built with CONFIG_BLK_CGROUP_IOCOST or remove [iocost]",
+                    root_dir.join("io.cost.qos").display()
+                ),
+            ));
+        }
+        self.iocost
+            .iter()
+            .map(|d| dev_of(&d.disk).map_err(|e| ConfigError::new(file, d.line, &e)))
+            .collect()
     }
 
     /// Checks the globs against the cgroups that exist now: each must match one, and no
@@ -1809,5 +1889,73 @@ floor = "20MB/s"
                 prop_assert_eq!(parse_rate(&bytes_rate_text(bps)), Ok(Rate::BytesPerSec(bps)));
             }
         }
+    }
+    #[test]
+    fn iocost_disks_are_checked_at_parse_and_against_the_host() {
+        let svc = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\n";
+        let parse = |extra: &str| Config::parse("c.toml", &format!("{svc}{extra}"));
+        let c = parse("[iocost]\ndisks = ['/dev/vda', '8:16']\n").unwrap();
+        let disks: Vec<&str> = c.iocost.iter().map(|d| d.disk.as_str()).collect();
+        assert_eq!(disks, ["vda", "8:16"]);
+        assert_eq!(c.iocost[0].line, 6);
+        for (bad, says) in [
+            (
+                "[iocost]\ndisks = ['vda', 'vda']\n",
+                "listed twice (also on line 6)",
+            ),
+            ("[iocost]\ndisks = ['']\n", "is not a disk"),
+            ("[iocost]\ndisks = ['../sda']\n", "is not a disk"),
+            ("[iocost]\ndisk = ['vda']\n", "unknown field"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says) && e.starts_with("c.toml:"), "{bad}: {e}");
+        }
+        // No [iocost]: nothing to check, on any host.
+        let none = parse("").unwrap();
+        let unreachable = |_: &str| -> Result<u32, String> { panic!("nothing to resolve") };
+        let dir = std::env::temp_dir();
+        assert_eq!(
+            none.iocost_devices("c.toml", false, &dir, &unreachable)
+                .unwrap(),
+            Vec::<u32>::new()
+        );
+        let e = c
+            .iocost_devices("c.toml", false, &dir, &unreachable)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cgroup v2's") && e.contains("remove [iocost]"),
+            "{e}"
+        );
+        // A v2 root without io.cost.qos: a kernel without iocost.
+        let root = std::env::temp_dir().join(format!("iso-iocost-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let e = c
+            .iocost_devices("c.toml", true, &root, &unreachable)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no iocost") && e.contains("CONFIG_BLK_CGROUP_IOCOST"),
+            "{e}"
+        );
+        std::fs::write(root.join("io.cost.qos"), "").unwrap();
+        let resolve = |d: &str| match d {
+            "vda" => Ok(isolator_common::kernel_dev(254, 0)),
+            _ => Err(format!("disk {d} does not exist")),
+        };
+        let e = c
+            .iocost_devices("c.toml", true, &root, &resolve)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.toml:6:") && e.contains("8:16 does not exist"),
+            "{e}"
+        );
+        let one = parse("[iocost]\ndisks = ['vda']\n").unwrap();
+        assert_eq!(
+            one.iocost_devices("c.toml", true, &root, &resolve).unwrap(),
+            [isolator_common::kernel_dev(254, 0)]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

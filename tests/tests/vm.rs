@@ -58,9 +58,12 @@ echo "=== io.stat b"
 cat /sys/fs/cgroup/b/io.stat
 echo "=== events"
 cat /tmp/ev/ev.json
-# Enforcement on v2: a ceiling (io.max) and a weight (io.weight), then SIGTERM restores.
+# Enforcement on v2: a ceiling (io.max), a weight (io.weight) and iocost on the disk (the
+# root's io.cost.qos, asked by [iocost]), then SIGTERM restores.
 mkdir /sys/fs/cgroup/c
-printf '[[service]]\nname = "c"\ncgroup = "/c"\nclass = "best-effort"\nceiling = "10MB/s"\nweight = 300\n' > /tmp/c.toml
+printf '[[service]]\nname = "c"\ncgroup = "/c"\nclass = "best-effort"\nceiling = "10MB/s"\nweight = 300\n\n[iocost]\ndisks = ["nullb0"]\n' > /tmp/c.toml
+echo "=== io.cost.qos before"
+cat /sys/fs/cgroup/io.cost.qos
 /isolator run --interval 1s --json /tmp/ev/ev2.json --config /tmp/c.toml --journal-dir /tmp/j 2>/tmp/agent2.err &
 AP=$!
 wait_started /tmp/ev/ev2.json
@@ -69,6 +72,8 @@ echo "=== io.max during"
 cat /sys/fs/cgroup/c/io.max
 echo "=== io.weight during"
 cat /sys/fs/cgroup/c/io.weight
+echo "=== io.cost.qos during"
+cat /sys/fs/cgroup/io.cost.qos
 kill -TERM $AP
 wait $AP
 echo "=== agent2 rc=$?"
@@ -77,6 +82,8 @@ echo "=== io.max after"
 cat /sys/fs/cgroup/c/io.max
 echo "=== io.weight after"
 cat /sys/fs/cgroup/c/io.weight
+echo "=== io.cost.qos after"
+cat /sys/fs/cgroup/io.cost.qos
 echo "=== events2"
 cat /tmp/ev/ev2.json
 echo "=== end"
@@ -213,7 +220,7 @@ fn run_vm(prefix: &str, release_prefix: &str) {
     check_enforcement(prefix, &out, &dev);
 }
 
-/// The v2 enforcement phase: io.max and io.weight written, effective, restored.
+/// The v2 enforcement phase: io.max, io.weight and iocost written, effective, restored.
 fn check_enforcement(prefix: &str, out: &str, dev: &str) {
     assert!(
         out.contains("=== agent2 rc=0"),
@@ -238,6 +245,28 @@ fn check_enforcement(prefix: &str, out: &str, dev: &str) {
     assert!(
         w.contains("default 100"),
         "{prefix}: io.weight not restored: {w}"
+    );
+    // iocost: off before (a disk iocost never saw has no line), on while the agent ran,
+    // off again after.
+    let on = |name: &str| {
+        let qos = section(out, name);
+        qos.lines()
+            .find(|l| l.split_whitespace().next() == Some(dev))
+            .is_some_and(|l| l.split_whitespace().any(|kv| kv == "enable=1"))
+    };
+    assert!(
+        !on("io.cost.qos before"),
+        "{prefix}: iocost was on before the agent"
+    );
+    assert!(
+        on("io.cost.qos during"),
+        "{prefix}: iocost not enabled: {}",
+        section(out, "io.cost.qos during")
+    );
+    assert!(
+        !on("io.cost.qos after"),
+        "{prefix}: iocost not put back: {}",
+        section(out, "io.cost.qos after")
     );
     let events = parse_events(section(out, "events2"));
     // Effective: once capped, the reader moves at most ~10 MB/s (null_blk does GB/s).
@@ -308,7 +337,13 @@ fn check_enforcement(prefix: &str, out: &str, dev: &str) {
             .all(|e| e["result"] == "restored"),
         "{prefix}: restore failed"
     );
-    assert!(events.iter().filter(|e| e["type"] == "restore").count() >= 2);
+    assert!(events.iter().filter(|e| e["type"] == "restore").count() >= 3);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "decision" && e["knob"] == "iocost" && e["applied"] == true),
+        "{prefix}: no iocost decision"
+    );
 }
 
 /// Debian 11's kernel: no `request_queue.disk`, `(queue, request)` issue/insert

@@ -236,6 +236,18 @@ impl Enforcement {
             .collect()
     }
 
+    /// Enables iocost on a disk (the root cgroup's io.cost.qos), as the config asks.
+    pub fn iocost(&mut self, cycle: u64, dev: u32) -> Vec<Event> {
+        let applied = !self.enforcer.dry_run;
+        vec![match self
+            .enforcer
+            .apply("/", Setting::Iocost { dev, enabled: true })
+        {
+            Ok(c) => report::iocost_decision(cycle, dev, c.old, c.new, applied),
+            Err(e) => report::iocost_rejected(dev, &e),
+        }]
+    }
+
     /// Cgroups (by inode) that left their service: their knobs are put back where they
     /// still exist, and their journal entries closed where they do not.
     pub fn release(&mut self, cgroup_inos: &[u64]) -> Vec<Event> {

@@ -208,6 +208,41 @@ pub(super) fn weight_rejected(service: &str, cgroup: &str, e: &EnforceError) -> 
     )
 }
 
+/// iocost enabled on a disk (the root cgroup's io.cost.qos), as `[iocost]` asks: a
+/// host-wide knob, of no service.
+pub(super) fn iocost_decision(
+    cycle: u64,
+    dev: u32,
+    old: String,
+    new: String,
+    applied: bool,
+) -> Event {
+    Event::Decision(crate::events::Decision {
+        cycle,
+        policy: "config".into(),
+        service: String::new(),
+        cgroups: vec!["/".into()],
+        dev: Some(crate::identify::disks::dev_text(dev)),
+        knob: "iocost".into(),
+        old,
+        new,
+        applied,
+        reason: "configured: iocost on this disk, so that io.weight acts there".into(),
+        decided: None,
+        cause: None,
+    })
+}
+
+pub(super) fn iocost_rejected(dev: u32, e: &EnforceError) -> Event {
+    error(
+        "write_rejected",
+        format!(
+            "iocost on disk {}: {e}",
+            crate::identify::disks::dev_text(dev)
+        ),
+    )
+}
+
 /// A limit the enforcer could not write on one of the service's cgroups.
 pub(super) fn limit_failed(
     service: &str,

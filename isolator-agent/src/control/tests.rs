@@ -634,6 +634,86 @@ fn a_cgroup_that_joins_a_limited_service_gets_its_share_and_its_weight_at_once()
 }
 
 #[test]
+fn iocost_goes_on_where_the_config_asks_and_is_put_back_at_stop() {
+    let config = format!("{BATCH}weight=300\n[iocost]\ndisks = ['sda']\n");
+    let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::Enforcing);
+    // Another disk's iocost, the operator's: never touched.
+    let theirs = "8:16 enable=1 ctrl=user rpct=95.00 rlat=5000\n";
+    rig.host.set_knob("/", "io.cost.qos", theirs);
+    rig.controller.set_iocost_disks(vec![DEV]);
+    let ev = rig.controller.apply_iocost(0);
+    assert!(error_codes(&ev).is_empty(), "{ev:?}");
+    let d = &of_type(&ev, "decision")[0];
+    assert_eq!(
+        (&d["knob"], &d["dev"], &d["old"], &d["new"], &d["applied"]),
+        (
+            &serde_json::json!("iocost"),
+            &serde_json::json!("8:0"),
+            &serde_json::json!("0"),
+            &serde_json::json!("1"),
+            &serde_json::json!(true)
+        )
+    );
+    let on = rig.host.read_knob("/", "io.cost.qos");
+    assert!(on.contains("8:0 enable=1 "), "{on}");
+    assert!(on.starts_with(theirs), "{on}");
+    // The weights then act there.
+    rig.controller.apply_weights(0);
+    assert_eq!(rig.host.read_knob("/batch/a", "io.weight"), "default 300\n");
+    rig.controller.restore_all("stop");
+    assert_eq!(rig.journal_len(), 0);
+    let off = rig.host.read_knob("/", "io.cost.qos");
+    assert!(off.contains("8:0 enable=0 "), "{off}");
+    assert!(off.starts_with(theirs), "{off}");
+}
+
+#[test]
+fn iocost_someone_else_enabled_is_theirs_and_stays_on_after_stop() {
+    let config = format!("{BATCH}[iocost]\ndisks = ['sda']\n");
+    let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::Enforcing);
+    let theirs = "8:0 enable=1 ctrl=user rpct=95.00 rlat=5000\n";
+    rig.host.set_knob("/", "io.cost.qos", theirs);
+    rig.controller.set_iocost_disks(vec![DEV]);
+    let ev = rig.controller.apply_iocost(0);
+    assert!(error_codes(&ev).is_empty(), "{ev:?}");
+    // Already on: nothing journaled or written, so nothing to put back.
+    assert_eq!(rig.journal_len(), 0);
+    rig.controller.restore_all("stop");
+    assert_eq!(rig.host.read_knob("/", "io.cost.qos"), theirs);
+    // The agent turned it on, then the operator turned it off with settings of their
+    // own: theirs, left as they are at stop.
+    rig.host.set_knob(
+        "/",
+        "io.cost.qos",
+        "8:0 enable=0 ctrl=auto rpct=0.00 rlat=25000\n",
+    );
+    rig.controller.apply_iocost(1);
+    assert_eq!(rig.journal_len(), 1);
+    rig.host.set_knob(
+        "/",
+        "io.cost.qos",
+        "8:0 enable=0 ctrl=user rpct=99.00 rlat=9000\n",
+    );
+    let ev = rig.controller.restore_all("stop");
+    assert_eq!(rig.journal_len(), 0, "{ev:?}");
+    assert_eq!(
+        rig.host.read_knob("/", "io.cost.qos"),
+        "8:0 enable=0 ctrl=user rpct=99.00 rlat=9000\n",
+        "no write after theirs"
+    );
+}
+
+#[test]
+fn a_dry_run_enables_no_iocost() {
+    let config = format!("{BATCH}[iocost]\ndisks = ['sda']\n");
+    let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::DryRun);
+    rig.controller.set_iocost_disks(vec![DEV]);
+    let ev = rig.controller.apply_iocost(0);
+    assert_eq!(of_type(&ev, "decision")[0]["applied"], false);
+    assert_eq!(rig.host.read_knob("/", "io.cost.qos"), "");
+}
+
+#[test]
 fn a_config_service_whose_cgroup_appears_later_gets_its_weight() {
     let config = "[[service]]\nname='db'\ncgroup='/db'\nclass='best-effort'\nweight=200\n";
     let mut rig = Rig::new(CgroupMode::V1, config, &["/other"], Run::Enforcing);

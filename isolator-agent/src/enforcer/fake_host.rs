@@ -88,6 +88,10 @@ impl FakeHost {
                 for (f, text) in files {
                     h.files.insert(a.join(f), text.to_string());
                 }
+                // iocost's switch lives in the root cgroup only (a kernel built with it).
+                if self.mode == CgroupMode::V2 && a == Path::new(ROOT) {
+                    h.files.insert(a.join("io.cost.qos"), String::new());
+                }
             }
         }
         h.dirs[&dir]
@@ -204,6 +208,30 @@ fn take_line(file_name: &str, text: &str, line: &str) -> Option<String> {
             let v: u32 = first.parse().ok()?;
             Some(format!("{v}\n"))
         }
+        // As the kernel: a key given changes that key of the disk's line, the others stay.
+        "io.cost.qos" => per_device(&|old| {
+            let mut keys: Vec<(String, String)> = [
+                ("enable", "0"),
+                ("ctrl", "auto"),
+                ("rpct", "0.00"),
+                ("rlat", "25000"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .to_vec();
+            for kv in old.into_iter().flat_map(|l| l.split_whitespace().skip(1)) {
+                let (k, v) = kv.split_once('=')?;
+                keys.iter_mut().find(|x| x.0 == k)?.1 = v.into();
+            }
+            for kv in line.split_whitespace().skip(1) {
+                let (k, v) = kv.split_once('=')?;
+                if k == "enable" && v != "0" && v != "1" {
+                    return None;
+                }
+                keys.iter_mut().find(|x| x.0 == k)?.1 = v.into();
+            }
+            let kv: Vec<String> = keys.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            Some(Some(format!("{first} {}", kv.join(" "))))
+        }),
         _ => None,
     }
 }

@@ -11,9 +11,10 @@ use super::Setting;
 use crate::{identify::cgroupfs::CgroupMode, policy::Knob};
 
 /// The cgroup files the agent writes, and nothing else.
-const FILES: [&str; 7] = [
+const FILES: [&str; 8] = [
     "io.max",
     "io.weight",
+    "io.cost.qos",
     "blkio.throttle.read_bps_device",
     "blkio.throttle.write_bps_device",
     "blkio.throttle.read_iops_device",
@@ -21,13 +22,16 @@ const FILES: [&str; 7] = [
     "blkio.bfq.weight",
 ];
 
+/// The root cgroup's iocost switch per disk (`MAJ:MIN enable=1 ...`).
+const IOCOST_QOS: &str = "io.cost.qos";
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KnobRef {
     /// File name in the cgroup directory.
     pub file: String,
     /// "major:minor" for per-device limits.
     pub dev: Option<String>,
-    /// io.max's key ("wbps"), or "weight".
+    /// io.max's key ("wbps"), "weight", or io.cost.qos's "enable".
     pub key: String,
 }
 
@@ -55,10 +59,15 @@ impl KnobRef {
                 dev: None,
                 key: "weight".into(),
             },
+            Setting::Iocost { dev, .. } => KnobRef {
+                file: IOCOST_QOS.into(),
+                dev: Some(super::dev_str(dev)),
+                key: "enable".into(),
+            },
         }
     }
 
-    /// For people: "254:0 wbps", "weight".
+    /// For people: "254:0 wbps", "weight", "254:0 enable".
     pub fn describe(&self) -> String {
         match &self.dev {
             Some(d) => format!("{d} {}", self.key),
@@ -87,6 +96,7 @@ impl KnobRef {
                     dev_ok(d) && Knob::ALL.iter().any(|k| k.name() == self.key.as_str())
                 }
                 (false, None) => self.key == "weight",
+                (false, Some(d)) => self.file == IOCOST_QOS && dev_ok(d) && self.key == "enable",
                 _ => false,
             }
     }
@@ -97,14 +107,15 @@ impl KnobRef {
             let line = text
                 .lines()
                 .find(|l| l.split_whitespace().next() == Some(d.as_str()));
-            return if self.file == "io.max" {
+            return if self.file == "io.max" || self.file == IOCOST_QOS {
                 line.and_then(|l| {
                     l.split_whitespace()
                         .filter_map(|kv| kv.split_once('='))
                         .find(|(k, _)| *k == self.key)
                         .map(|(_, v)| v.to_string())
                 })
-                .unwrap_or_else(|| "max".into())
+                // A disk without a line: io.max unlimited, iocost off.
+                .unwrap_or_else(|| if self.file == IOCOST_QOS { "0" } else { "max" }.into())
             } else {
                 line.and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
                     .unwrap_or_else(|| "0".into())
@@ -131,7 +142,7 @@ impl KnobRef {
             return None;
         }
         Some(match (&self.dev, self.file.as_str()) {
-            (Some(d), "io.max") => format!("{d} {}={value}\n", self.key),
+            (Some(d), "io.max" | IOCOST_QOS) => format!("{d} {}={value}\n", self.key),
             (Some(d), _) => format!("{d} {value}\n"),
             (None, "io.weight") => format!("default {value}\n"),
             (None, _) => format!("{value}\n"),
@@ -187,5 +198,26 @@ mod tests {
             "1000"
         );
         assert_eq!(k.parse(""), "max");
+    }
+
+    #[test]
+    fn the_iocost_switch_is_one_key_of_one_disk_line() {
+        let dev = isolator_common::kernel_dev(254, 0);
+        let k = KnobRef::of(CgroupMode::V2, Setting::Iocost { dev, enabled: true });
+        assert!(k.is_valid());
+        assert_eq!(k.describe(), "254:0 enable");
+        assert_eq!(k.line("1").unwrap(), "254:0 enable=1\n");
+        let qos = "8:0 enable=1 ctrl=auto rpct=0.00 rlat=250000\n254:0 enable=0 ctrl=auto rpct=0.00 rlat=25000\n";
+        assert_eq!(k.parse(qos), "0");
+        // A disk iocost has never seen has no line: off.
+        assert_eq!(k.parse("8:0 enable=1 ctrl=auto\n"), "0");
+        // Only the enable key of io.cost.qos, never its other parameters or another file.
+        let bad = |file: &str, key: &str| KnobRef {
+            file: file.into(),
+            dev: Some("254:0".into()),
+            key: key.into(),
+        };
+        assert!(!bad("io.cost.qos", "rlat").is_valid());
+        assert!(!bad("io.cost.model", "enable").is_valid());
     }
 }

@@ -43,6 +43,9 @@ pub enum Setting {
     },
     /// The cgroup's default weight.
     Weight(u32),
+    /// iocost on a disk (the root cgroup's `io.cost.qos` `enable=`): a host-wide change,
+    /// made only on the config's explicit `[iocost]`, journaled and put back like a limit.
+    Iocost { dev: u32, enabled: bool },
 }
 
 #[derive(Debug, Error)]
@@ -234,6 +237,7 @@ impl Enforcer {
             Setting::Limit { value: None, .. } if self.mode() == CgroupMode::V2 => "max".into(),
             Setting::Limit { value: None, .. } => "0".into(),
             Setting::Weight(w) => w.to_string(),
+            Setting::Iocost { enabled, .. } => u8::from(enabled).to_string(),
         }
     }
 
@@ -253,7 +257,7 @@ impl Enforcer {
         cgroups: &[String],
         s: Setting,
     ) -> Vec<Result<Change, EnforceError>> {
-        if let Setting::Limit { dev, .. } = s {
+        if let Setting::Limit { dev, .. } | Setting::Iocost { dev, .. } = s {
             if self.devices.is_partition(&dev_str(dev)) {
                 return cgroups
                     .iter()

@@ -9,6 +9,36 @@ pub fn dev_text(dev: u32) -> String {
     format!("{}:{}", dev_major(dev), dev_minor(dev))
 }
 
+/// The whole disk a name (`vda`, under /sys/class/block) or `major:minor` names, as its
+/// dev_t; an error says why not and what to give instead.
+pub fn whole_disk(name: &str) -> Result<u32, String> {
+    let dir = if name.contains(':') {
+        std::path::PathBuf::from(format!("/sys/dev/block/{name}"))
+    } else {
+        std::path::PathBuf::from(format!("/sys/class/block/{name}"))
+    };
+    let text = std::fs::read_to_string(dir.join("dev")).map_err(|_| {
+        format!("disk {name} does not exist ({} has no dev); give a block device name or major:minor that lsblk lists", dir.display())
+    })?;
+    let dev = text
+        .trim()
+        .split_once(':')
+        .and_then(|(a, b)| Some(kernel_dev(a.parse().ok()?, b.parse().ok()?)))
+        .ok_or_else(|| {
+            format!(
+                "{}: {:?} is not major:minor",
+                dir.join("dev").display(),
+                text.trim()
+            )
+        })?;
+    if dir.join("partition").exists() {
+        return Err(format!(
+            "{name} is a partition; iocost goes on whole disks: give the disk it is on"
+        ));
+    }
+    Ok(dev)
+}
+
 /// Names disks by dev_t from /sys/dev/block.
 #[derive(Default)]
 pub struct DiskNames(HashMap<u32, Option<String>>);
