@@ -848,15 +848,18 @@ impl Adaptive {
                 return trim;
             }
         }
+        // One probe at a time on a device: a violation during two could not tell which
+        // raise broke the SLO (seen in paper 001's mix: ingest raised 100 -> 200 MB/s, backup
+        // 55 -> 110 a cycle later; the violation failed backup's, and ingest's ran on for
+        // three more violating cycles).
+        if self.probing(d).is_some() {
+            return out;
+        }
         // One raise per cycle, the cap untouched longest first (lowest id as tie).
         let candidate = d
             .services
             .iter()
             .filter(|s| s.limit.total_bps().is_some() && s.can_change(d.cycle))
-            .filter(|s| {
-                let st = &self.searches.get(&(d.dev, s.id));
-                st.is_none_or(|st| st.before_raise.is_none())
-            })
             .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         let Some(s) = candidate else {
             return out;
@@ -938,6 +941,17 @@ impl Adaptive {
             cause,
         ));
         out
+    }
+
+    /// The service on `d` whose raise is on probation, if any (at most one: see `relax`).
+    fn probing<'a>(&self, d: &'a DeviceCycle) -> Option<&'a ServiceLoad> {
+        d.services.iter().find(|s| {
+            s.limit.total_bps().is_some()
+                && self
+                    .searches
+                    .get(&(d.dev, s.id))
+                    .is_some_and(|st| st.before_raise.is_some())
+        })
     }
 
     /// The victim violates and nobody else can be cut.
@@ -1063,7 +1077,11 @@ impl Policy for Adaptive {
             h.told_infeasible.clear();
             return self.relax(d);
         };
-        if let Some(a) = Self::aggressor(d, victim) {
+        // A raise on probation is the first suspect, whatever its class: the violation came
+        // with it (seen: a best-effort writer cut for a throughput service's probe, which
+        // broke the SLO three more cycles).
+        let suspect = self.probing(d).filter(|s| s.id != victim.id);
+        if let Some(a) = suspect.or_else(|| Self::aggressor(d, victim)) {
             self.devices.entry(d.dev).or_default().alone = None;
             let mut out = self.throttle(d, victim, a);
             // Aggressors that arrive together are cut together: one at a time, the second
@@ -1442,6 +1460,52 @@ mod tests {
             .expect("the writers were cut");
         let cut: HashSet<ServiceId> = first.iter().map(|d| d.service).collect();
         assert_eq!(cut.len(), 2, "{first:?}");
+    }
+
+    /// Two capped aggressors (paper 001's mix) probe one at a time, and a violation during a
+    /// probe fails that probe, whichever class the prober is: a best-effort writer is not
+    /// cut for a throughput service's raise.
+    #[test]
+    fn two_aggressors_probe_one_at_a_time_and_a_violation_fails_the_probe_in_progress() {
+        let rate_bps = 100_000_000;
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("db", 5.0, 1.0),
+            SimService::writer("backup", SloClass::BestEffort, 1200.0, 5),
+            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, 5),
+        ]);
+        let mut p = Adaptive::default();
+        let (mut probes, mut failed_in_probe) = (0, 0);
+        for cycle in 0..200 {
+            // The disk slows and recovers: knees move, probes fail.
+            disk.knee_scale = if (60..120).contains(&cycle) { 0.6 } else { 1.0 };
+            let c = disk.step();
+            let on_probation: Vec<ServiceId> = p
+                .searches
+                .iter()
+                .filter(|(&(_, id), st)| {
+                    st.before_raise.is_some() && c.services[id].limit.total_bps().is_some()
+                })
+                .map(|(&(_, id), _)| id)
+                .collect();
+            assert!(
+                on_probation.len() <= 1,
+                "cycle {cycle}: two probes at once: {on_probation:?}"
+            );
+            let ds = p.decide(&c);
+            if let (Some(&prober), true) = (on_probation.first(), c.services[0].violating()) {
+                failed_in_probe += 1;
+                assert!(
+                    ds.iter().all(|d| d.service == prober),
+                    "cycle {cycle}: a violation during {prober}'s probe cut another: {ds:?}"
+                );
+            }
+            probes += ds.iter().filter(|d| d.reason.contains("probe")).count();
+            disk.apply(&ds);
+        }
+        assert!(
+            probes >= 4 && failed_in_probe >= 1,
+            "{probes} probes, {failed_in_probe} failed: the test saw nothing"
+        );
     }
 
     /// A throughput service above its rate target is an aggressor down to that target and
