@@ -957,12 +957,14 @@ impl Config {
                 ));
             }
             if let Some(prev) = iocost.iter().find(|p| p.disk == disk) {
+                let also = if prev.line == line {
+                    String::new()
+                } else {
+                    format!(" (also on line {})", prev.line)
+                };
                 return Err(err(
                     d.span(),
-                    format!(
-                        "[iocost] disk {disk} is listed twice (also on line {}); remove one",
-                        prev.line
-                    ),
+                    format!("[iocost] disk {disk} is listed twice{also}; remove one"),
                 ));
             }
             iocost.push(IocostDisk { disk, line });
@@ -1901,6 +1903,10 @@ floor = "20MB/s"
         for (bad, says) in [
             (
                 "[iocost]\ndisks = ['vda', 'vda']\n",
+                "vda is listed twice; remove one",
+            ),
+            (
+                "[iocost]\ndisks = ['vda',\n'/dev/vda']\n",
                 "listed twice (also on line 6)",
             ),
             ("[iocost]\ndisks = ['']\n", "is not a disk"),

@@ -185,17 +185,30 @@ pub(super) fn weight_decision(
     new: String,
     applied: bool,
 ) -> Event {
+    let what = ("weight", "configured weight");
+    configured(cycle, (service, cgroup, None), what, (old, new), applied)
+}
+
+/// A knob the config asks for, written once (no policy decided it): (service, cgroup,
+/// disk), (knob, reason).
+fn configured(
+    cycle: u64,
+    (service, cgroup, dev): (&str, &str, Option<u32>),
+    (knob, reason): (&str, &str),
+    (old, new): (String, String),
+    applied: bool,
+) -> Event {
     Event::Decision(crate::events::Decision {
         cycle,
         policy: "config".into(),
         service: service.into(),
         cgroups: vec![cgroup.to_string()],
-        dev: None,
-        knob: "weight".into(),
+        dev: dev.map(crate::identify::disks::dev_text),
+        knob: knob.into(),
         old,
         new,
         applied,
-        reason: "configured weight".into(),
+        reason: reason.into(),
         decided: None,
         cause: None,
     })
@@ -217,20 +230,11 @@ pub(super) fn iocost_decision(
     new: String,
     applied: bool,
 ) -> Event {
-    Event::Decision(crate::events::Decision {
-        cycle,
-        policy: "config".into(),
-        service: String::new(),
-        cgroups: vec!["/".into()],
-        dev: Some(crate::identify::disks::dev_text(dev)),
-        knob: "iocost".into(),
-        old,
-        new,
-        applied,
-        reason: "configured: iocost on this disk, so that io.weight acts there".into(),
-        decided: None,
-        cause: None,
-    })
+    let what = (
+        "iocost",
+        "configured: iocost on this disk, so that io.weight acts there",
+    );
+    configured(cycle, ("", "/", Some(dev)), what, (old, new), applied)
 }
 
 pub(super) fn iocost_rejected(dev: u32, e: &EnforceError) -> Event {
