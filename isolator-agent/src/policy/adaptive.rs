@@ -4,8 +4,8 @@
 //! - A victim is a latency service over its p99.9 target (or a backlogged throughput
 //!   service short of its rate).
 //! - The aggressor is the service that occupies the device (largest device-time share)
-//!   among those that owe nothing: best-effort first, then throughput services above
-//!   their target, then latency services within theirs.
+//!   among those that owe nothing: best-effort services and throughput services above
+//!   their target alike, then latency services within theirs.
 //! - First cut of an episode: back to the last cap that held if one is known (an aggressor
 //!   that comes back after a quiet spell), else one decisive cut: the bytes the victim
 //!   competes with scaled by (SLO/L)^2 (at most half, at least 5 %), all taken from the
@@ -416,9 +416,26 @@ fn class_rank(s: &ServiceLoad) -> Option<u8> {
 }
 
 impl Adaptive {
+    /// The candidate with the largest device share to give up (over its floor, or a
+    /// throughput service's over its rate target) among those that owe nothing (ranks 0
+    /// and 1 as one tier), else a latency service within its SLO. Best-effort first regardless of
+    /// size cut the wrong writer in paper 001's mix: `backup` at 58 MB/s was cut twice
+    /// (to 29) while `ingest` ran at 200 MB/s, twice its target, and the reader stayed
+    /// over its SLO for four cycles until ingest was trimmed.
     fn aggressor<'a>(d: &'a DeviceCycle, victim: &'a ServiceLoad) -> Option<&'a ServiceLoad> {
+        let tier = |r: u8| r.max(1);
+        // The share it can give up: a throughput service only its rate over its target, any
+        // service only what is over its floor.
+        let cuttable = |s: &ServiceLoad| {
+            let bps = s.bps().max(1.0);
+            d.share(s.id) * ((bps - least_cap_bps(s) as f64) / bps).clamp(0.0, 1.0)
+        };
         Self::candidates(d, victim)
-            .min_by(|(ra, a), (rb, b)| ra.cmp(rb).then(d.share(b.id).total_cmp(&d.share(a.id))))
+            .min_by(|(ra, a), (rb, b)| {
+                tier(*ra)
+                    .cmp(&tier(*rb))
+                    .then(cuttable(b).total_cmp(&cuttable(a)))
+            })
             .map(|(_, s)| s)
     }
 
@@ -1586,6 +1603,37 @@ mod tests {
         assert!(
             probes >= 4 && failed_in_probe >= 1,
             "{probes} probes, {failed_in_probe} failed: the test saw nothing"
+        );
+    }
+
+    /// Of two capped writers that owe nothing, the one with the larger share is cut when the
+    /// reader breaks its SLO, not the best-effort one for its class: a throughput service
+    /// far over its rate target owes its excess as much.
+    #[test]
+    fn the_largest_writer_that_owes_nothing_is_cut_first() {
+        let rate_bps = 100_000_000;
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("db", 5.0, 1.0),
+            SimService::writer("backup", SloClass::BestEffort, 1200.0, 0),
+            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, 0),
+        ]);
+        disk.services[1].limit.wbps = Some(60_000_000);
+        disk.services[2].limit.wbps = Some(300_000_000);
+        let mut p = Adaptive::default();
+        // A slow disk: the reader breaks its SLO under both caps.
+        disk.knee_scale = 0.3;
+        let first = (0..10)
+            .map(|_| disk.run(&mut p, 1).remove(0))
+            .find(|(_, ds)| !ds.is_empty())
+            .expect("nothing was cut when the disk slowed");
+        assert!(first.0.services[0].violating(), "{first:?}");
+        assert!(
+            first
+                .1
+                .iter()
+                .all(|d| d.service == 2 && d.to.is_some_and(|t| t < 300_000_000)),
+            "the larger writer, ingest at 3x its target, was not the one cut: {:?}",
+            first.1
         );
     }
 
