@@ -612,6 +612,11 @@ impl Model {
     }
 
     fn decision(&mut self, d: &Decision) {
+        // A host-wide knob (iocost on a disk) belongs to no service: the event stream has
+        // it, and a service series named "" would only mislead.
+        if d.service.is_empty() {
+            return;
+        }
         let knob = Knob::ALL.into_iter().find(|k| k.name() == d.knob);
         let dev = d.dev.clone().unwrap_or_default();
         let series = self.services.get_mut(&(d.service.clone(), dev.clone()));
@@ -944,6 +949,18 @@ pub(crate) mod tests {
             d.decided = None;
         }
         assert_eq!(reason(w, None), "weight");
+    }
+
+    #[test]
+    fn a_host_wide_decision_makes_no_service_series() {
+        let mut m = Model::new("test", DEFAULT_MAX_SERIES, false, false);
+        let mut e = decision("", "iocost", None, true, false);
+        if let Event::Decision(d) = &mut e {
+            d.decided = None;
+            d.cause = None;
+        }
+        step(&mut m, 1, vec![], &[], &[e]);
+        assert!(m.service_info.is_empty(), "{:?}", m.service_info.keys());
     }
 
     #[test]

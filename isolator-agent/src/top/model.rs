@@ -649,7 +649,12 @@ impl Model {
 fn decision_text(d: &Decision) -> String {
     format!(
         "{}: {} {} -> {}{}{}: {}",
-        d.service,
+        // A host-wide knob (iocost) is no service's.
+        if d.service.is_empty() {
+            "host"
+        } else {
+            &d.service
+        },
         d.knob,
         knob_value(&d.knob, &d.old),
         knob_value(&d.knob, &d.new),
