@@ -337,9 +337,10 @@ impl Agent {
             sink.keep(prometheus::wants);
         }
         let hierarchy = IoHierarchy::detect()?;
-        // The config is checked before anything is locked, recovered or written.
-        let config = match &opts.config {
-            None => None,
+        // The config is checked before anything is locked, recovered or written; the
+        // disks of its [iocost] too (resolved on this host, enabled at start).
+        let (config, iocost_disks) = match &opts.config {
+            None => (None, vec![]),
             Some(path) => {
                 let cfg = Config::load(path)?;
                 let paths: Vec<String> = hierarchy.scan().into_values().collect();
@@ -353,7 +354,7 @@ impl Agent {
                 )?;
                 let policy = policy::by_name(&opts.policy, opts.ute_threshold)
                     .with_context(|| format!("unknown policy '{}'", opts.policy))?;
-                Some((cfg, policy, iocost))
+                (Some((cfg, policy)), iocost)
             }
         };
         // One agent per host enforces; a journal left by a crashed run is restored (where
@@ -389,10 +390,9 @@ impl Agent {
         };
         let control = match config {
             None => None,
-            Some((cfg, policy, iocost)) => {
+            Some((cfg, policy)) => {
                 let paths: Vec<String> = hierarchy.scan().into_values().collect();
                 let mut c = Controller::new(cfg, policy, enforcer);
-                c.set_iocost_disks(iocost);
                 early_events.extend(c.refresh(&hierarchy, &paths, &ContainerTable::default(), 0));
                 Some(c)
             }
@@ -467,7 +467,11 @@ impl Agent {
         }
         if let Some(c) = control.as_mut() {
             // iocost first: the weights act only where it is on.
-            for e in c.apply_iocost(0).into_iter().chain(c.apply_weights(0)) {
+            for e in c
+                .apply_iocost(0, &iocost_disks)
+                .into_iter()
+                .chain(c.apply_weights(0))
+            {
                 sink.emit(&e);
             }
         }

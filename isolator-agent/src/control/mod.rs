@@ -47,8 +47,6 @@ pub struct Controller {
     characters: CharacterWindows<ServiceId>,
     /// The probe times the wait I/O limits impose (kernel_features).
     throttle_wait_timed: bool,
-    /// Disks to enable iocost on at start (`[iocost]`, resolved on this host).
-    iocost_disks: Vec<u32>,
 }
 
 impl Controller {
@@ -61,22 +59,15 @@ impl Controller {
             forgotten: Vec::new(),
             characters: CharacterWindows::default(),
             throttle_wait_timed: true,
-            iocost_disks: vec![],
         }
     }
 
-    /// The disks of the config's `[iocost]`, as [`crate::config::Config::iocost_devices`]
-    /// found them on this host.
-    pub fn set_iocost_disks(&mut self, devs: Vec<u32>) {
-        self.iocost_disks = devs;
-    }
-
-    /// Enables iocost on the `[iocost]` disks, once, at start (before the weights, which
-    /// act only where it is on); put back with every other knob at stop.
-    pub fn apply_iocost(&mut self, cycle: u64) -> Vec<Event> {
-        let devs = self.iocost_disks.clone();
-        devs.into_iter()
-            .flat_map(|dev| self.enforcement.iocost(cycle, dev))
+    /// Enables iocost on the `[iocost]` disks (as [`crate::config::Config::iocost_devices`]
+    /// found them on this host), once, at start, before the weights, which act only where
+    /// it is on; put back with every other knob at stop.
+    pub fn apply_iocost(&mut self, cycle: u64, devs: &[u32]) -> Vec<Event> {
+        devs.iter()
+            .flat_map(|&dev| self.enforcement.iocost(cycle, dev))
             .collect()
     }
 

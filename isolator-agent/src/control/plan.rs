@@ -239,10 +239,7 @@ impl Enforcement {
     /// Enables iocost on a disk (the root cgroup's io.cost.qos), as the config asks.
     pub fn iocost(&mut self, cycle: u64, dev: u32) -> Vec<Event> {
         let applied = !self.enforcer.dry_run;
-        vec![match self
-            .enforcer
-            .apply("/", Setting::Iocost { dev, enabled: true })
-        {
+        vec![match self.enforcer.apply("/", Setting::IocostOn { dev }) {
             Ok(c) => report::iocost_decision(cycle, dev, c.old, c.new, applied),
             Err(e) => report::iocost_rejected(dev, &e),
         }]

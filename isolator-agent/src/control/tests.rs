@@ -640,8 +640,7 @@ fn iocost_goes_on_where_the_config_asks_and_is_put_back_at_stop() {
     // Another disk's iocost, the operator's: never touched.
     let theirs = "8:16 enable=1 ctrl=user rpct=95.00 rlat=5000\n";
     rig.host.set_knob("/", "io.cost.qos", theirs);
-    rig.controller.set_iocost_disks(vec![DEV]);
-    let ev = rig.controller.apply_iocost(0);
+    let ev = rig.controller.apply_iocost(0, &[DEV]);
     assert!(error_codes(&ev).is_empty(), "{ev:?}");
     let d = &of_type(&ev, "decision")[0];
     assert_eq!(
@@ -673,8 +672,7 @@ fn iocost_someone_else_enabled_is_theirs_and_stays_on_after_stop() {
     let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::Enforcing);
     let theirs = "8:0 enable=1 ctrl=user rpct=95.00 rlat=5000\n";
     rig.host.set_knob("/", "io.cost.qos", theirs);
-    rig.controller.set_iocost_disks(vec![DEV]);
-    let ev = rig.controller.apply_iocost(0);
+    let ev = rig.controller.apply_iocost(0, &[DEV]);
     assert!(error_codes(&ev).is_empty(), "{ev:?}");
     // Already on: nothing journaled or written, so nothing to put back.
     assert_eq!(rig.journal_len(), 0);
@@ -687,7 +685,7 @@ fn iocost_someone_else_enabled_is_theirs_and_stays_on_after_stop() {
         "io.cost.qos",
         "8:0 enable=0 ctrl=auto rpct=0.00 rlat=25000\n",
     );
-    rig.controller.apply_iocost(1);
+    rig.controller.apply_iocost(1, &[DEV]);
     assert_eq!(rig.journal_len(), 1);
     rig.host.set_knob(
         "/",
@@ -707,8 +705,7 @@ fn iocost_someone_else_enabled_is_theirs_and_stays_on_after_stop() {
 fn a_dry_run_enables_no_iocost() {
     let config = format!("{BATCH}[iocost]\ndisks = ['sda']\n");
     let mut rig = Rig::new(CgroupMode::V2, &config, &BATCH_CGROUPS, Run::DryRun);
-    rig.controller.set_iocost_disks(vec![DEV]);
-    let ev = rig.controller.apply_iocost(0);
+    let ev = rig.controller.apply_iocost(0, &[DEV]);
     assert_eq!(of_type(&ev, "decision")[0]["applied"], false);
     assert_eq!(rig.host.read_knob("/", "io.cost.qos"), "");
 }

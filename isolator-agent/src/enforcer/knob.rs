@@ -59,7 +59,7 @@ impl KnobRef {
                 dev: None,
                 key: "weight".into(),
             },
-            Setting::Iocost { dev, .. } => KnobRef {
+            Setting::IocostOn { dev } => KnobRef {
                 file: IOCOST_QOS.into(),
                 dev: Some(super::dev_str(dev)),
                 key: "enable".into(),
@@ -203,7 +203,7 @@ mod tests {
     #[test]
     fn the_iocost_switch_is_one_key_of_one_disk_line() {
         let dev = isolator_common::kernel_dev(254, 0);
-        let k = KnobRef::of(CgroupMode::V2, Setting::Iocost { dev, enabled: true });
+        let k = KnobRef::of(CgroupMode::V2, Setting::IocostOn { dev });
         assert!(k.is_valid());
         assert_eq!(k.describe(), "254:0 enable");
         assert_eq!(k.line("1").unwrap(), "254:0 enable=1\n");

@@ -43,9 +43,10 @@ pub enum Setting {
     },
     /// The cgroup's default weight.
     Weight(u32),
-    /// iocost on a disk (the root cgroup's `io.cost.qos` `enable=`): a host-wide change,
-    /// made only on the config's explicit `[iocost]`, journaled and put back like a limit.
-    Iocost { dev: u32, enabled: bool },
+    /// iocost switched on for a disk (the root cgroup's `io.cost.qos` `enable=1`): a
+    /// host-wide change, made only on the config's explicit `[iocost]`, journaled and put
+    /// back (to what the journal holds) like a limit.
+    IocostOn { dev: u32 },
 }
 
 #[derive(Debug, Error)]
@@ -237,7 +238,7 @@ impl Enforcer {
             Setting::Limit { value: None, .. } if self.mode() == CgroupMode::V2 => "max".into(),
             Setting::Limit { value: None, .. } => "0".into(),
             Setting::Weight(w) => w.to_string(),
-            Setting::Iocost { enabled, .. } => u8::from(enabled).to_string(),
+            Setting::IocostOn { .. } => "1".into(),
         }
     }
 
@@ -257,7 +258,7 @@ impl Enforcer {
         cgroups: &[String],
         s: Setting,
     ) -> Vec<Result<Change, EnforceError>> {
-        if let Setting::Limit { dev, .. } | Setting::Iocost { dev, .. } = s {
+        if let Setting::Limit { dev, .. } | Setting::IocostOn { dev } = s {
             if self.devices.is_partition(&dev_str(dev)) {
                 return cgroups
                     .iter()

@@ -20,17 +20,13 @@ pub fn whole_disk(name: &str) -> Result<u32, String> {
     let text = std::fs::read_to_string(dir.join("dev")).map_err(|_| {
         format!("disk {name} does not exist ({} has no dev); give a block device name or major:minor that lsblk lists", dir.display())
     })?;
-    let dev = text
-        .trim()
-        .split_once(':')
-        .and_then(|(a, b)| Some(kernel_dev(a.parse().ok()?, b.parse().ok()?)))
-        .ok_or_else(|| {
-            format!(
-                "{}: {:?} is not major:minor",
-                dir.join("dev").display(),
-                text.trim()
-            )
-        })?;
+    let dev = parse_dev(&text).ok_or_else(|| {
+        format!(
+            "{}: {:?} is not major:minor",
+            dir.join("dev").display(),
+            text.trim()
+        )
+    })?;
     if dir.join("partition").exists() {
         return Err(format!(
             "{name} is a partition; iocost goes on whole disks: give the disk it is on"
