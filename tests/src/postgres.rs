@@ -568,3 +568,209 @@ pub fn run_next_to_writer(
         Some((writer_start_us, writer_end_us, writer_ok)),
     )
 }
+
+/// ~1 GB of data (pgbench_accounts 820 MB and its 137 MB index) for a 256 MiB page cache.
+pub const SIZE: Size = Size {
+    scale: 64,
+    cache_limit_bytes: 256 << 20,
+};
+
+/// 1000 select-only transactions a second (most of them one 8 KiB read from the disk),
+/// which this disk serves alone at well under a millisecond each, from a pool of 32
+/// connections, as a server at this rate would have: a stall of the disk's own (seen here
+/// at 38 ms with the writer capped, and at 12 ms with no writer at all) holds the
+/// transactions in flight, and the pool takes the ones due meanwhile instead of queueing
+/// them. With 8 connections one such stall built a 668 ms schedule lag that set the p99.9.
+pub const LOAD: Load = Load {
+    clients: 32,
+    threads: 2,
+    rate_tps: 1000,
+};
+
+/// How long pgbench runs alone to find its SLO, and the first part of that (the cache's
+/// warm-up: the index's inner pages) that is not judged.
+pub const CALIBRATION_S: u64 = 12;
+pub const WARMUP_MS: u64 = 2000;
+pub const MIN_SLO_MS: u64 = 5;
+/// The agent's p99.9 target for db's block I/O is the transaction SLO over this: what an
+/// operator who knows the transaction's tail would set. A select-only transaction waits on
+/// up to two reads at its tail (a btree leaf and a heap page), and at 1000 tps a slow read
+/// queues the transactions behind it: with the I/O target equal to the transaction SLO,
+/// the agent held the reads at 60-90 % of it and pgbench's p99.9 went over (21.06 and
+/// 74.04 ms against 21). Measured here with the writer capped at 150 MB/s: the reads' p99.9
+/// per cycle 4.3-8.8 ms, pgbench's 8.1 ms, so a transaction's tail is ~1.3x its reads'.
+/// A quarter was too strict: `adaptive` held the reads at 4 ms and the writer at 71 MB/s
+/// where a static 150 MB/s kept pgbench at 8 ms against an 18 ms SLO.
+pub const IO_SHARE: u64 = 2;
+pub const MIN_IO_SLO_MS: u64 = 2;
+
+/// pgbench's SLO on this disk today, from a run alone: 4x its p99.9 (the median of three
+/// windows, so a slow spell of the disk in one does not set it; at least [`MIN_SLO_MS`]),
+/// never hard-coded; and the agent's target for db's block I/O, the [`IO_SHARE`] of it an
+/// operator would set.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    pub windows_ms: Vec<f64>,
+    pub solo_p999_ms: f64,
+    pub solo_transactions: usize,
+    pub slo_ms: u64,
+    pub io_slo_ms: u64,
+    pub tps_line: String,
+}
+
+/// How far apart (max over min) the calibration's windows may be: further, the disk was in
+/// a slow spell for part of it (seen: 36.4, 5.6 and 8.5 ms, which set a 34 ms SLO that the
+/// writer broke in only 6 of 10 windows), and it runs again once the disk settles.
+const CALIBRATION_SPREAD: f64 = 2.5;
+const CALIBRATION_TRIES: usize = 3;
+
+/// pgbench alone for [`CALIBRATION_S`] on `cluster`: its [`Calibration`]. Up to
+/// [`CALIBRATION_TRIES`] times while its windows spread over [`CALIBRATION_SPREAD`], and
+/// then the try with the lowest SLO.
+pub fn calibrate(cluster: &Cluster, scratch: &Scratch) -> Result<Calibration, String> {
+    let mut best: Option<Calibration> = None;
+    for i in 0..CALIBRATION_TRIES {
+        noisy::wait_for_settled_disk(&cluster.accounts_file());
+        let alone = run_alone(cluster, LOAD, CALIBRATION_S, scratch, &format!("alone-{i}"));
+        if !alone.pgbench_ok {
+            return Err(format!("pgbench alone failed: {}", alone.report));
+        }
+        let mut windows =
+            alone
+                .log
+                .window_p999_us(alone.start_us + WARMUP_MS * 1000, alone.end_us, 3);
+        let windows_ms: Vec<f64> = windows.iter().map(|&(us, _)| us as f64 / 1e3).collect();
+        windows.sort_unstable();
+        let (solo_us, solo_transactions) = windows[1];
+        let slo_ms = (4 * solo_us).div_ceil(1000).max(MIN_SLO_MS);
+        let spread = windows[2].0 as f64 / windows[0].0.max(1) as f64;
+        let c = Calibration {
+            windows_ms,
+            solo_p999_ms: solo_us as f64 / 1e3,
+            solo_transactions,
+            slo_ms,
+            io_slo_ms: (slo_ms / IO_SHARE).max(MIN_IO_SLO_MS),
+            tps_line: alone.tps_line().to_string(),
+        };
+        if spread <= CALIBRATION_SPREAD {
+            return Ok(c);
+        }
+        eprintln!(
+            "calibration: pgbench alone p99.9 per window {:.2?} ms, {spread:.1}x apart: the disk is in a slow spell; again once it settles",
+            c.windows_ms
+        );
+        if best.as_ref().is_none_or(|b| c.slo_ms < b.slo_ms) {
+            best = Some(c);
+        }
+    }
+    Ok(best.expect("at least one try"))
+}
+
+/// A run next to the writer: pgbench alone for `solo_s`, then the writer for `writer_s`;
+/// its steady phase, judged in `windows` equal windows, starts `settle_ms` after the writer
+/// does (the controller's search gets the cycles before, as in every scenario).
+#[derive(Debug, Clone, Copy)]
+pub struct Phases {
+    pub solo_s: u64,
+    pub writer_s: u64,
+    pub settle_ms: u64,
+    pub windows: u64,
+}
+
+/// The phases of the test and the benchmark: the steady phase starts where the other
+/// scenarios' does ([`crate::scenario::STEADY_AFTER_CYCLES`] full cycles after the writer's
+/// start) and is judged in 2.5 s windows of ~2500 transactions each, so a stall of the
+/// disk's own (seen here: 153 ms at a cap that had held for ten cycles, and 165 ms with the
+/// writer at a fifteenth of what the disk sustains) sets the p99.9 of one window only.
+pub const PHASES: Phases = Phases {
+    solo_s: 5,
+    writer_s: 36,
+    settle_ms: (crate::scenario::STEADY_AFTER_CYCLES + 1) * 1000,
+    windows: 10,
+};
+
+/// One run of the scenario in `mode`, under an agent of its own (`config` names the
+/// cluster's cgroup `db` and `backup`'s), with its event stream.
+pub struct ModeRun {
+    pub run: Run,
+    pub events: Vec<serde_json::Value>,
+}
+
+impl ModeRun {
+    /// pgbench's p99.9 in ms of each window of the steady phase.
+    pub fn windows_ms(&self, phases: Phases) -> Vec<f64> {
+        self.run
+            .writer_window_p999_us(phases.settle_ms, phases.windows)
+            .iter()
+            .map(|&(us, _)| us as f64 / 1e3)
+            .collect()
+    }
+
+    /// How many windows of the steady phase were over `slo_ms`.
+    pub fn windows_over(&self, phases: Phases, slo_ms: u64) -> usize {
+        self.windows_ms(phases)
+            .iter()
+            .filter(|&&ms| ms > slo_ms as f64)
+            .count()
+    }
+}
+
+/// Runs the scenario once in `mode` (a static cap on `backup` written by hand for the
+/// run, or a policy, or nothing with the agent in `--dry-run`) on `dev`, the disk of the
+/// cluster and of `wfile`.
+pub fn run_in_mode(
+    cluster: &Cluster,
+    (backup, wfile): (&TestCgroup, &Path),
+    config: &Path,
+    (dev, mode): (&str, &crate::scenario::Mode),
+    phases: Phases,
+    scratch: &Scratch,
+) -> Result<ModeRun, String> {
+    use crate::scenario::{set_cap, Aggressor, Mode};
+    let label = mode.label().replace([' ', '/'], "-");
+    let journal = scratch.path(&format!("journal-{label}"));
+    let mode_args = mode.agent_args();
+    let mut args = crate::SOCKETS_OFF.to_vec();
+    args.extend(mode_args.iter().map(String::as_str));
+    if let Mode::Static(mbps) = mode {
+        set_cap(backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
+    }
+    let mut agent = crate::Agent::start_controlling(config, &journal, &args);
+    noisy::wait_for_settled_disk(&cluster.accounts_file());
+    let run = run_next_to_writer(
+        cluster,
+        LOAD,
+        (backup, wfile),
+        (phases.solo_s, phases.writer_s),
+        scratch,
+        &label,
+    );
+    agent.wait_cycles(1);
+    let (status, stderr) = agent.stop();
+    if let Mode::Static(_) = mode {
+        set_cap(backup, Aggressor::Writer, dev, 0)?;
+    }
+    let label = mode.label();
+    if !status.success() {
+        return Err(format!("agent ({label}): {stderr}"));
+    }
+    if journal.join("journal.json").exists() {
+        return Err(format!("the agent left its journal behind ({label})"));
+    }
+    if !run.pgbench_ok {
+        return Err(format!("pgbench failed ({label}): {}", run.report));
+    }
+    if !run.writer.is_some_and(|(_, _, ok)| ok) {
+        return Err(format!("the writer's fio failed ({label})"));
+    }
+    if run.log.not_done != 0 {
+        return Err(format!(
+            "pgbench logged {} failed transactions ({label})",
+            run.log.not_done
+        ));
+    }
+    Ok(ModeRun {
+        run,
+        events: agent.events(),
+    })
+}

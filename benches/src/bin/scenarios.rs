@@ -11,13 +11,19 @@
 //! target at that rate and the other at the mode's, and its work conservation is the two
 //! writers' bytes together.
 //!
+//! `postgres` is scenario 5: PostgreSQL driven by pgbench as the victim next to the writer
+//! (see `isolator_tests::postgres`), judged on pgbench's own log: its p99.9 per 2.5 s window
+//! of the steady phase against an SLO of 4x its p99.9 alone (calibrated once per run of the
+//! benchmark), at most one window in five over; the agent's target for the database's
+//! block I/O is half of that (`postgres::IO_SHARE`).
+//!
 //! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
 //! `isolator_tests::vm_scenario`), judged the same way from the load generator's own log.
 //!
-//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,vm-writer]
+//!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
 //!     [--writer-caps 200,300,400,500,600] [--scan-caps 40,80,120,160,200] [--mix-caps 20,40,60,100]
-//!     [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
+//!     [--pg-caps 100,150,200,300] [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
 //!     [--weights 1000/10,100/100 (mode `weights`: io.weight under iocost, vm-writer only)]
 //!     [--iocost-qos 'ctrl=user rpct=99.9 rlat=10000' (iocost's latency target in that mode)]
 //!     [--seconds 40] [--events-dir DIR]
@@ -28,9 +34,11 @@ use anyhow::{bail, Context, Result};
 use isolator_tests::{
     disk_of,
     mix::{self, Mix, MixFiles, MixOutcome},
+    noisy,
+    postgres::{self, Calibration, Cluster, PHASES},
     scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
     vm_scenario::{self, VmDisk},
-    Scratch,
+    Scratch, TestCgroup,
 };
 
 const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
@@ -88,6 +96,7 @@ fn run() -> Result<()> {
         "random-reader".into(),
         "on-off".into(),
         "paper-mix".into(),
+        "postgres".into(),
         "vm-writer".into(),
     ];
     let mut runs = 3u32;
@@ -97,6 +106,7 @@ fn run() -> Result<()> {
     let mut writer_caps: Vec<u64> = vec![200, 300, 400, 500, 600];
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
     let mut mix_caps: Vec<u64> = vec![20, 40, 60, 100];
+    let mut pg_caps: Vec<u64> = vec![100, 150, 200, 300];
     let mut vm_caps: Vec<u64> = vec![100, 200, 250, 300, 400];
     let mut vm_slo_ms = 15u64;
     let mut weights: Vec<(u32, u32)> = vec![(1000, 10), (100, 100)];
@@ -115,15 +125,16 @@ fn run() -> Result<()> {
             "--writer-caps" => writer_caps = list(val()?, "--writer-caps: MB/s values")?,
             "--scan-caps" => scan_caps = list(val()?, "--scan-caps: MB/s values")?,
             "--mix-caps" => mix_caps = list(val()?, "--mix-caps: MB/s values")?,
+            "--pg-caps" => pg_caps = list(val()?, "--pg-caps: MB/s values")?,
             "--vm-caps" => vm_caps = list(val()?, "--vm-caps: MB/s values")?,
             "--vm-slo-ms" => vm_slo_ms = val()?.parse().context("--vm-slo-ms: a number")?,
             "--weights" => weights = weight_pairs(val()?)?,
             "--iocost-qos" => iocost_qos = val()?.clone(),
             "--events-dir" => events_dir = Some(val()?.into()),
             _ => bail!(
-                "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,vm-writer] \
+                "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer] \
                  [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}] \
-                 [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--vm-caps ..] \
+                 [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--pg-caps ..] [--vm-caps ..] \
                  [--vm-slo-ms N] [--weights V/A,..] [--iocost-qos 'rpct=.. rlat=..'] [--events-dir DIR]",
                 POLICIES.join(",")
             ),
@@ -140,9 +151,10 @@ fn run() -> Result<()> {
         .iter()
         .any(|n| n == "paper-mix")
         .then(|| Mix::new(slo_ms.unwrap_or(5), seconds));
+    let pg = names.iter().any(|n| n == "postgres");
     let scenarios: Vec<(String, Scenario, Vec<u64>)> = names
         .iter()
-        .filter(|n| *n != "paper-mix")
+        .filter(|n| *n != "paper-mix" && *n != "postgres")
         .map(|n| {
             // The SLO each aggressor breaks here by default (the random reader's p99.9 cost is
             // smaller than the writer's).
@@ -159,7 +171,7 @@ fn run() -> Result<()> {
                 // The guest's SLO is its own: emulation slows the reader alone.
                 "vm-writer" => (Scenario::new(Aggressor::Writer, vm_slo_ms, seconds), &vm_caps),
                 _ => {
-                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off, paper-mix or vm-writer")
+                    bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off, paper-mix, postgres or vm-writer")
                 }
             };
             let s = Scenario {
@@ -196,6 +208,9 @@ fn run() -> Result<()> {
         .then(|| VmDisk::new(&scratch));
     let mix_files = paper_mix.as_ref().map(|_| MixFiles::new(&scratch));
     let dev = disk_of(&scratch.dir);
+    let pg = pg.then(|| PgBench::new(&scratch)).transpose()?;
+    let mut pg_results: BTreeMap<String, Vec<PgOutcome>> = BTreeMap::new();
+    let mut pg_best: Vec<Option<PgOutcome>> = vec![];
     let mut mix_results: BTreeMap<String, Vec<MixOutcome>> = BTreeMap::new();
     let mut mix_best: Vec<Option<MixOutcome>> = vec![];
     // (scenario, mode label) -> one outcome per repeat.
@@ -253,6 +268,41 @@ fn run() -> Result<()> {
                 mix_results.entry(o.mode.label()).or_default().push(o);
             }
         }
+        if let Some(pg) = &pg {
+            let mut outs = vec![];
+            for mode in modes_of(&pg_caps, r, false) {
+                eprintln!("run {} postgres: {}", r + 1, mode.label());
+                let o = pg.run(&scratch, &dev, &mode)?;
+                eprintln!(
+                    "  pgbench p99.9 {:.2} ms, {}/{} windows over {} ms, writer {:.0} MB/s, {}/{} cycles over the I/O target, {} changes",
+                    o.agent.steady_client_p999_ms,
+                    o.windows_over(),
+                    o.windows_ms.len(),
+                    o.slo_ms,
+                    o.agent.aggressor_steady_mbps,
+                    o.agent.steady_violations,
+                    o.agent.steady_cycles,
+                    o.agent.steady_changes
+                );
+                if let Some(dir) = &events_dir {
+                    write_events(dir, "postgres", &mode, r, &o.agent.events)?;
+                }
+                outs.push(o);
+            }
+            pg_best.push(
+                outs.iter()
+                    .filter(|o| matches!(o.agent.mode, Mode::Static(_)) && o.keeps_slo())
+                    .max_by(|a, b| {
+                        a.agent
+                            .aggressor_steady_mbps
+                            .total_cmp(&b.agent.aggressor_steady_mbps)
+                    })
+                    .cloned(),
+            );
+            for o in outs {
+                pg_results.entry(o.agent.mode.label()).or_default().push(o);
+            }
+        }
         for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
             let ms = modes_of(caps, r, !on_host(name));
             let mut outs = vec![];
@@ -294,7 +344,174 @@ fn run() -> Result<()> {
     if let Some(m) = &paper_mix {
         report_mix(m, &mix_results, &mix_best);
     }
+    if let Some(pg) = &pg {
+        report_pg(&pg.calibration, &pg_results, &pg_best);
+    }
     Ok(())
+}
+
+/// Scenario 5's database, made once for every repeat, and pgbench's SLO on this disk.
+struct PgBench {
+    cluster: Cluster,
+    backup: TestCgroup,
+    wfile: std::path::PathBuf,
+    config: std::path::PathBuf,
+    calibration: Calibration,
+}
+
+impl PgBench {
+    fn new(scratch: &Scratch) -> Result<PgBench> {
+        let cluster = Cluster::create(postgres::SIZE);
+        let backup = TestCgroup::new("iso-pg-backup");
+        let wfile = noisy::writer_file(scratch);
+        let calibration = postgres::calibrate(&cluster, scratch).map_err(anyhow::Error::msg)?;
+        eprintln!(
+            "postgres: pgbench alone p99.9 per window {:.2?} ms: SLO {} ms, the agent's I/O target {} ms",
+            calibration.windows_ms, calibration.slo_ms, calibration.io_slo_ms
+        );
+        let config = scratch.path("postgres.toml");
+        std::fs::write(
+            &config,
+            noisy::config(&cluster.blkio, &backup, calibration.io_slo_ms),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        Ok(PgBench {
+            cluster,
+            backup,
+            wfile,
+            config,
+            calibration,
+        })
+    }
+
+    fn run(&self, scratch: &Scratch, dev: &str, mode: &Mode) -> Result<PgOutcome> {
+        let m = postgres::run_in_mode(
+            &self.cluster,
+            (&self.backup, &self.wfile),
+            &self.config,
+            (dev, mode),
+            PHASES,
+            scratch,
+        )
+        .map_err(anyhow::Error::msg)?;
+        // The agent's view (cycles over its I/O target, the writer's rate, the changes) with
+        // the client's p99.9s from pgbench's log.
+        let sc = Scenario {
+            solo_s: PHASES.solo_s,
+            ..Scenario::new(
+                Aggressor::Writer,
+                self.calibration.io_slo_ms,
+                PHASES.writer_s,
+            )
+        };
+        let mut agent = scenario::outcome(mode.clone(), &sc, &m.events);
+        agent.solo_p999_ms = m.run.solo_p999_us(postgres::WARMUP_MS).0 as f64 / 1e3;
+        agent.steady_client_p999_ms = m.run.writer_p999_us(PHASES.settle_ms).0 as f64 / 1e3;
+        Ok(PgOutcome {
+            windows_ms: m.windows_ms(PHASES),
+            slo_ms: self.calibration.slo_ms,
+            agent,
+        })
+    }
+}
+
+#[derive(Clone)]
+struct PgOutcome {
+    /// pgbench's p99.9 per window of the steady phase.
+    windows_ms: Vec<f64>,
+    slo_ms: u64,
+    agent: Outcome,
+}
+
+impl PgOutcome {
+    fn windows_over(&self) -> usize {
+        self.windows_ms
+            .iter()
+            .filter(|&&w| w > self.slo_ms as f64)
+            .count()
+    }
+    /// The test's bar: at most one window in five over the SLO.
+    fn keeps_slo(&self) -> bool {
+        !self.windows_ms.is_empty() && 5 * self.windows_over() <= self.windows_ms.len()
+    }
+}
+
+fn report_pg(
+    cal: &Calibration,
+    results: &BTreeMap<String, Vec<PgOutcome>>,
+    best: &[Option<PgOutcome>],
+) {
+    let best_labels = best_static_labels(best, |b| &b.agent.mode);
+    println!();
+    println!(
+        "### postgres: pgbench select-only at {} tps ({} clients), {:.2} GB of data over a {} \
+         MiB page cache, next to the writer for {} s; SLO {} ms (4x pgbench's p99.9 alone, \
+         {:.2} ms), the agent's target for db's block I/O {} ms; judged per {:.1} s window of \
+         the steady phase, at most one in five over; best static per repeat: {}",
+        postgres::LOAD.rate_tps,
+        postgres::LOAD.clients,
+        postgres::SIZE.scale as f64 * 15.0 / 1000.0,
+        postgres::SIZE.cache_limit_bytes >> 20,
+        PHASES.writer_s,
+        cal.slo_ms,
+        cal.solo_p999_ms,
+        cal.io_slo_ms,
+        (PHASES.writer_s * 1000 - PHASES.settle_ms) as f64 / 1000.0 / PHASES.windows as f64,
+        best_labels.join(", ")
+    );
+    println!();
+    println!("| mode | pgbench p99.9 per window, ms (repeat 1) | windows over the SLO | pgbench steady p99.9 | cycles to the I/O target | steady cycles over the I/O target | writer MB/s steady | cap changes in steady | isolation (windows within the SLO) | latency impact | work conservation (share of best static) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut labels: Vec<&String> = results.keys().collect();
+    labels.sort_by_key(|l| mode_order(l));
+    for label in labels {
+        let outs = &results[label];
+        let med = |f: &dyn Fn(&PgOutcome) -> f64| median(outs.iter().map(f).collect());
+        let share: Vec<f64> = outs
+            .iter()
+            .zip(best)
+            .map(|(o, b)| {
+                b.as_ref().map_or(f64::NAN, |b| {
+                    o.agent.aggressor_steady_mbps / b.agent.aggressor_steady_mbps
+                })
+            })
+            .collect();
+        let windows: Vec<String> = outs[0]
+            .windows_ms
+            .iter()
+            .map(|v| format!("{v:.1}"))
+            .collect();
+        let to_slo: Vec<String> = outs
+            .iter()
+            .map(|o| {
+                o.agent
+                    .cycles_to_slo
+                    .iter()
+                    .map(|c| c.map_or("never".into(), |c| c.to_string()))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect();
+        println!(
+            "| {label} | {} | {:.0}/{} | {:.2} ms | {} | {:.0}/{:.0} | {:.0} | {:.0} | {:.0} % | {:.2} | {} |",
+            windows.join(" "),
+            med(&|o| o.windows_over() as f64),
+            PHASES.windows,
+            med(&|o| o.agent.steady_client_p999_ms),
+            to_slo.join(", "),
+            med(&|o| o.agent.steady_violations as f64),
+            med(&|o| o.agent.steady_cycles as f64),
+            med(&|o| o.agent.aggressor_steady_mbps),
+            med(&|o| o.agent.steady_changes as f64),
+            100.0 * med(&|o| 1.0 - o.windows_over() as f64 / o.windows_ms.len().max(1) as f64),
+            med(&|o| o.agent.latency_impact()),
+            if share.iter().all(|s| s.is_nan()) {
+                "-".to_string()
+            } else {
+                format!("{:.0} %", 100.0 * median(share))
+            }
+        );
+    }
 }
 
 /// Report order of mode labels: no control, the static caps (ascending), the policies.
