@@ -464,6 +464,11 @@ impl PgOutcome {
     fn keeps_slo(&self) -> bool {
         !self.windows_ms.is_empty() && 5 * self.windows_over() <= self.windows_ms.len()
     }
+    /// The agent's own bar: at most one steady cycle in ten over its I/O target.
+    fn keeps_io_target(&self) -> bool {
+        self.agent.steady_cycles > 0
+            && self.agent.steady_violations * 10 <= self.agent.steady_cycles
+    }
 }
 
 fn report_pg(
@@ -519,6 +524,34 @@ fn report_pg(
             share_of_best(outs, best, |o| o.agent.aggressor_steady_mbps)
         );
     }
+    // The same control judged by the target it was given: the agent sees the database's
+    // reads, not its transactions, so this separates the search from the translation of
+    // the transaction SLO into an I/O target (run N: 41 % by pgbench, 102-124 % by this).
+    let rate = |o: &PgOutcome| o.agent.aggressor_steady_mbps;
+    let repeats = results.values().map(Vec::len).max().unwrap_or(0);
+    let best_io: Vec<Option<PgOutcome>> = (0..repeats)
+        .map(|r| {
+            results
+                .iter()
+                .filter(|(l, _)| l.starts_with("static"))
+                .filter_map(|(_, outs)| outs.get(r))
+                .filter(|o| o.keeps_io_target())
+                .max_by(|a, b| rate(a).total_cmp(&rate(b)))
+                .cloned()
+        })
+        .collect();
+    let shares: Vec<String> = results
+        .iter()
+        .filter(|(l, _)| POLICIES.contains(&l.as_str()))
+        .map(|(l, outs)| format!("{l} {}", share_of_best(outs, &best_io, rate)))
+        .collect();
+    println!();
+    println!(
+        "Judged by the agent's own I/O target instead (at most one steady cycle in ten over \
+         it), the best static cap per repeat: {}; the policies' work conservation against it: {}",
+        best_static_labels(&best_io, |b| &b.agent.mode).join(", "),
+        shares.join(", ")
+    );
 }
 
 /// Report order of mode labels: no control, the static caps (ascending), the policies.
