@@ -727,8 +727,11 @@ pub fn run_in_mode(
     scratch: &Scratch,
 ) -> Result<ModeRun, String> {
     use crate::scenario::{set_cap, Aggressor, Mode};
-    let label = mode.label().replace([' ', '/'], "-");
-    let journal = scratch.path(&format!("journal-{label}"));
+    let label = mode.label();
+    // Each run its own names: pgbench's log is every file under its prefix, and a bench
+    // runs each mode once per repeat in one scratch directory.
+    let name = unique(&label.replace([' ', '/'], "-"));
+    let journal = scratch.path(&format!("journal-{name}"));
     let mode_args = mode.agent_args();
     let mut args = crate::SOCKETS_OFF.to_vec();
     args.extend(mode_args.iter().map(String::as_str));
@@ -743,14 +746,13 @@ pub fn run_in_mode(
         (backup, wfile),
         (phases.solo_s, phases.writer_s),
         scratch,
-        &label,
+        &name,
     );
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
     if let Mode::Static(_) = mode {
         set_cap(backup, Aggressor::Writer, dev, 0)?;
     }
-    let label = mode.label();
     if !status.success() {
         return Err(format!("agent ({label}): {stderr}"));
     }

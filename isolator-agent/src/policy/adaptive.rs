@@ -999,12 +999,17 @@ impl Adaptive {
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
         }
-        // The highest cap that takes the device's total half-way to its knee.
-        let under_total = total_bad.map(|b| {
-            cap.saturating_add(((total as f64 * b as f64).sqrt() as u64).saturating_sub(total))
-        });
-        let by_total = total_bad.filter(|_| under_total.is_some_and(|u| u < next));
-        next = next.min(under_total.unwrap_or(u64::MAX));
+        // Where the device's knee is the tighter bound: the cap that takes the total
+        // half-way to it.
+        let by_total = total_bad
+            .map(|b| {
+                let room = ((total as f64 * b as f64).sqrt() as u64).saturating_sub(total);
+                (b, cap.saturating_add(room))
+            })
+            .filter(|&(_, to)| to < next);
+        if let Some((_, to)) = by_total {
+            next = to;
+        }
         if next <= cap {
             return out; // at the ceiling, or no room under the device's knee
         }
@@ -1016,7 +1021,7 @@ impl Adaptive {
             d.dev,
             next,
             match (by_total, bad) {
-                (Some(total_bad), _) => format!(
+                (Some((total_bad, _)), _) => format!(
                     "every SLO held under this cap: probe with half the room under the device's knee (the capped services broke an SLO together at {:.0} MB/s, now {:.0})",
                     total_bad as f64 / 1e6,
                     total as f64 / 1e6
@@ -1204,6 +1209,17 @@ mod tests {
         SimDisk::new(vec![
             SimService::latency("reader", 5.0, 1.0),
             SimService::writer("writer", SloClass::BestEffort, 2400.0, 5),
+        ])
+    }
+
+    /// Paper 001's aggressors next to a QD1 reader (5 ms): `backup` (best-effort) and
+    /// `ingest` (throughput, 100 MB/s), both writing 1200 MB/s from cycle `start`.
+    fn db_and_two_writers(start: u64) -> SimDisk {
+        let rate_bps = 100_000_000;
+        SimDisk::new(vec![
+            SimService::latency("db", 5.0, 1.0),
+            SimService::writer("backup", SloClass::BestEffort, 1200.0, start),
+            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, start),
         ])
     }
 
@@ -1617,12 +1633,7 @@ mod tests {
     /// cut for a throughput service's raise.
     #[test]
     fn two_aggressors_probe_one_at_a_time_and_a_violation_fails_the_probe_in_progress() {
-        let rate_bps = 100_000_000;
-        let mut disk = SimDisk::new(vec![
-            SimService::latency("db", 5.0, 1.0),
-            SimService::writer("backup", SloClass::BestEffort, 1200.0, 5),
-            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, 5),
-        ]);
+        let mut disk = db_and_two_writers(5);
         let mut p = Adaptive::default();
         let (mut probes, mut failed_in_probe) = (0, 0);
         for cycle in 0..200 {
@@ -1663,12 +1674,7 @@ mod tests {
     /// trusted (at least [`BAD_MEMORY_CYCLES`]), on a disk that slows and recovers.
     #[test]
     fn after_a_probe_breaks_next_to_another_aggressor_no_probe_takes_their_total_back() {
-        let rate_bps = 100_000_000;
-        let mut disk = SimDisk::new(vec![
-            SimService::latency("db", 5.0, 1.0),
-            SimService::writer("backup", SloClass::BestEffort, 1200.0, 5),
-            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, 5),
-        ]);
+        let mut disk = db_and_two_writers(5);
         let mut p = Adaptive::default();
         // (cycle, total of the caps) of the last probe that broke with two caps set.
         let mut broke: Option<(u64, u64)> = None;
@@ -1728,12 +1734,7 @@ mod tests {
     /// far over its rate target owes its excess as much.
     #[test]
     fn the_largest_writer_that_owes_nothing_is_cut_first() {
-        let rate_bps = 100_000_000;
-        let mut disk = SimDisk::new(vec![
-            SimService::latency("db", 5.0, 1.0),
-            SimService::writer("backup", SloClass::BestEffort, 1200.0, 0),
-            SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, 0),
-        ]);
+        let mut disk = db_and_two_writers(0);
         disk.services[1].limit.wbps = Some(60_000_000);
         disk.services[2].limit.wbps = Some(300_000_000);
         let mut p = Adaptive::default();
