@@ -49,15 +49,19 @@ DEV=$(cat /sys/block/vda/dev)
 echo "=== vda $DEV $(cat /sys/block/vda/queue/scheduler)"
 echo +io > /sys/fs/cgroup/cgroup.subtree_control
 mkdir /sys/fs/cgroup/db /sys/fs/cgroup/backup
+# The scenario's two loads, for SECONDS: the QD1 reader logging each latency to LOG, and the
+# 1 MiB QD32 writer.
+reader() { /loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds "$1" --lat-log "$2"; }
+writer() { /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --wrap --bytes 1099511627776 --bs 1048576 --direct --threads 32 --seconds "$1"; }
 # slo_ms=auto: the reader's SLO from this guest's own latencies just before the run: the
 # reader 4 s alone, then 6 s next to the uncapped writer; the SLO is 0.7 of its p99.9 next to
 # the writer (so the writer breaks it by 1.4x), and at least 3x its p99.9 alone (so a cap
 # can meet it).
 if [ "$slo_ms" = auto ]; then
-  /loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds 10 --lat-log /tmp/cal > /tmp/out/cal.out 2>&1 &
+  reader 10 /tmp/cal > /tmp/out/cal.out 2>&1 &
   CP=$!
   sleep 4
-  /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --wrap --bytes 1099511627776 --bs 1048576 --direct --threads 32 --seconds 6 >> /tmp/out/cal.out 2>&1
+  writer 6 >> /tmp/out/cal.out 2>&1
   wait $CP
   p999() { awk -F, "$1" /tmp/cal | sort -n | awk '{a[NR]=$1} END {i=NR*0.999; j=int(i); if (j<i) j++; if (j<1) j=1; print a[j]+0}'; }
   solo=$(p999 '$1 < 4000 {print $2}')
@@ -90,14 +94,14 @@ if ! grep -q agent_start /tmp/out/ev.json 2>/dev/null; then
 fi
 total=$((solo_s + on_s * times + off_s * (times - 1) + 2))
 echo "reader $(up)" > /tmp/out/phases
-/loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds $total --lat-log /tmp/out/lat > /tmp/out/reader.out 2>&1 &
+reader $total /tmp/out/lat > /tmp/out/reader.out 2>&1 &
 RP=$!
 sleep $solo_s
 n=0
 while [ $n -lt $times ]; do
   [ $n -gt 0 ] && sleep $off_s
   s=$(up)
-  /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --wrap --bytes 1099511627776 --bs 1048576 --direct --threads 32 --seconds $on_s >> /tmp/out/writer.out 2>&1
+  writer $on_s >> /tmp/out/writer.out 2>&1
   rc=$?
   echo "aggressor $s $(up) $rc" >> /tmp/out/phases
   n=$((n+1))

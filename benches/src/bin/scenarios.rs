@@ -243,12 +243,10 @@ fn run() -> Result<()> {
             let mut outs = vec![];
             for mode in modes_of(&mix_caps, r, false) {
                 eprintln!("run {} paper-mix: {}", r + 1, mode.label());
-                let o = match twice(&mode, || mix::run(&scratch, files, &dev, m, &mode)) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'repeats;
-                    }
+                let Some(o) = twice(&mode, &mut failed, || {
+                    mix::run(&scratch, files, &dev, m, &mode)
+                }) else {
+                    break 'repeats;
                 };
                 eprintln!(
                     "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
@@ -280,14 +278,10 @@ fn run() -> Result<()> {
             let mut outs = vec![];
             for mode in modes_of(&pg_caps, r, false) {
                 eprintln!("run {} postgres: {}", r + 1, mode.label());
-                let o = match twice(&mode, || {
+                let Some(o) = twice(&mode, &mut failed, || {
                     pg.run(&scratch, &dev, &mode).map_err(|e| format!("{e:#}"))
-                }) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'repeats;
-                    }
+                }) else {
+                    break 'repeats;
                 };
                 eprintln!(
                     "  pgbench p99.9 {:.2} ms, {}/{} windows over {} ms, writer {:.0} MB/s, {}/{} cycles over the I/O target, {} changes",
@@ -324,18 +318,14 @@ fn run() -> Result<()> {
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
-                let o = match twice(&m, || match (&files, &vm_disk) {
+                let Some(o) = twice(&m, &mut failed, || match (&files, &vm_disk) {
                     (Some(files), _) if on_host(name) => {
                         scenario::run(&scratch, files, &dev, sc, &m)
                     }
                     (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
                     _ => unreachable!("the files of every scenario asked for are made"),
-                }) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'repeats;
-                    }
+                }) else {
+                    break 'repeats;
                 };
                 eprintln!(
                     "  {}/{} violating, client p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
@@ -372,12 +362,20 @@ fn run() -> Result<()> {
 }
 
 /// Runs one mode, again once if it fails: a run can fail for a reason of its own (seen: the
-/// guest's kernel oopsing at boot under emulation) that says nothing of the mode.
-fn twice<T>(mode: &Mode, mut run: impl FnMut() -> Result<T, String>) -> Result<T> {
-    run().or_else(|e| {
-        eprintln!("{}: {e}; again", mode.label());
-        run().map_err(|e| anyhow::anyhow!("{}: {e}", mode.label()))
-    })
+/// guest's kernel oopsing at boot under emulation) that says nothing of the mode. A second
+/// failure goes into `failed` (None then).
+fn twice<T>(
+    mode: &Mode,
+    failed: &mut Option<anyhow::Error>,
+    mut run: impl FnMut() -> Result<T, String>,
+) -> Option<T> {
+    run()
+        .or_else(|e| {
+            eprintln!("{}: {e}; again", mode.label());
+            run()
+        })
+        .map_err(|e| *failed = Some(anyhow::anyhow!("{}: {e}", mode.label())))
+        .ok()
 }
 
 /// Scenario 5's database, made once for every repeat, and pgbench's SLO on this disk.

@@ -988,15 +988,12 @@ impl Adaptive {
         let far_under_targets = h
             .level_since(from)
             .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
+        let settled = d.cycle > h.episode_until + SEARCH_CYCLES && !far_under_targets;
         let last_change = d.services.iter().filter_map(|s| s.changed_cycle).max();
-        if d.cycle > h.episode_until + SEARCH_CYCLES
-            && !far_from_knee
-            && !far_under_targets
-            && last_change.is_some_and(|c| d.cycle < c + NOISE_WINDOW)
-        {
+        if settled && !far_from_knee && last_change.is_some_and(|c| d.cycle < c + NOISE_WINDOW) {
             return out;
         }
-        let precision = if d.cycle > h.episode_until + SEARCH_CYCLES && !far_under_targets {
+        let precision = if settled {
             SETTLED_KNEE_PRECISION
         } else {
             KNEE_PRECISION
@@ -1705,36 +1702,18 @@ mod tests {
         for cycle in 0..300 {
             disk.knee_scale = if (60..120).contains(&cycle) { 0.6 } else { 1.0 };
             let c = disk.step();
-            let caps: Vec<u64> = c
-                .services
-                .iter()
-                .map(|s| s.limit.total_bps().unwrap_or(0))
-                .collect();
-            let capped = c
-                .services
-                .iter()
-                .filter(|s| s.limit.total_bps().is_some())
-                .count();
+            let (total, capped) = capped_total(&c);
             let ds = p.decide(&c);
             for d in &ds {
                 if d.reason.starts_with("a raise to") && capped >= 2 {
-                    broke = Some((cycle, caps.iter().sum()));
+                    broke = Some((cycle, total));
                 }
                 let Some((at, t)) = broke.filter(|&(at, _)| cycle < at + BAD_MEMORY_CYCLES) else {
                     continue;
                 };
                 if d.reason.contains("probe") {
-                    let after: u64 = caps
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &cap)| {
-                            if i == d.service {
-                                d.to.unwrap_or(0)
-                            } else {
-                                cap
-                            }
-                        })
-                        .sum();
+                    let own = c.services[d.service].limit.total_bps().unwrap_or(0);
+                    let after = total - own + d.to.unwrap_or(0);
                     assert!(
                         after < t,
                         "cycle {cycle}: {}'s probe takes the caps to {after} B/s in all; they broke \
