@@ -54,20 +54,23 @@ mkdir /sys/fs/cgroup/db /sys/fs/cgroup/backup
 reader() { /loadgen --cgroup /sys/fs/cgroup/db --path /dev/vda --op randread --bytes 1099511627776 --direct --seconds "$1" --lat-log "$2"; }
 writer() { /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --wrap --bytes 1099511627776 --bs 1048576 --direct --threads 32 --seconds "$1"; }
 # slo_ms=auto: the reader's SLO from this guest's own latencies just before the run: the
-# reader 4 s alone, then 6 s next to the uncapped writer; the SLO is 0.7 of its p99.9 next to
-# the writer (so the writer breaks it by 1.4x), and at least 3x its p99.9 alone (so a cap
-# can meet it).
+# reader 4 s alone, then 8 s next to the uncapped writer. The SLO is 0.75 of the median of
+# its per-second p99.9s next to the writer (the agent judges seconds, and one slow second
+# pooled into a p99.9 set the SLO over every second of a CI run), and at least 3x its p99.9
+# alone (so a cap can meet it).
 if [ "$slo_ms" = auto ]; then
-  reader 10 /tmp/cal > /tmp/out/cal.out 2>&1 &
+  reader 12 /tmp/cal > /tmp/out/cal.out 2>&1 &
   CP=$!
   sleep 4
-  writer 6 >> /tmp/out/cal.out 2>&1
+  writer 8 >> /tmp/out/cal.out 2>&1
   wait $CP
-  p999() { awk -F, "$1" /tmp/cal | sort -n | awk '{a[NR]=$1} END {i=NR*0.999; j=int(i); if (j<i) j++; if (j<1) j=1; print a[j]+0}'; }
-  solo=$(p999 '$1 < 4000 {print $2}')
+  p999() { sort -n | awk '{a[NR]=$1} END {i=NR*0.999; j=int(i); if (j<i) j++; if (j<1) j=1; print a[j]+0}'; }
+  solo=$(awk -F, '$1 < 4000 {print $2}' /tmp/cal | p999)
   # The writer's first second is its ramp.
-  cont=$(p999 '$1 >= 5000 {print $2}')
-  slo_ms=$(awk -v s="$solo" -v c="$cont" 'BEGIN {a=int(3*s/1e6)+1; b=int(0.7*c/1e6); print (a>b)?a:b}')
+  cont=$(for t in 5 6 7 8 9 10 11; do
+    awk -F, -v t=$t '$1 >= t*1000 && $1 < (t+1)*1000 {print $2}' /tmp/cal | p999
+  done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]+0}')
+  slo_ms=$(awk -v s="$solo" -v c="$cont" 'BEGIN {a=int(3*s/1e6)+1; b=int(0.75*c/1e6); print (a>b)?a:b}')
   echo "calibration $solo $cont $slo_ms" > /tmp/out/calibration
 fi
 printf '[[service]]\nname = "db"\ncgroup = "/db"\nclass = "latency"\np999 = "%sms"\n\n[[service]]\nname = "backup"\ncgroup = "/backup"\nclass = "best-effort"\nfloor = "20MB/s"\n' "$slo_ms" > /tmp/s.toml
@@ -138,8 +141,8 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
 }
 
 /// [`run`], with the reader's SLO set in the guest from its own latencies just before the
-/// run (0.7 of its p99.9 next to the uncapped writer, at least 3x its p99.9 alone; the
-/// outcome's `slo_ms`) in place of `scenario.slo_ms`. Under emulation the reader's p99.9
+/// run (0.75 of the median of its per-second p99.9s next to the uncapped writer, at least 3x
+/// its p99.9 alone; the outcome's `slo_ms`) in place of `scenario.slo_ms`. Under emulation the reader's p99.9
 /// next to the writer moved between 12 and 32 ms from one run to another (it is mostly the
 /// emulated CPU under the writer's threads), so a fixed SLO is sometimes never broken; a
 /// benchmark comparing modes keeps one fixed SLO for all of them instead.

@@ -447,9 +447,27 @@ fn cgroup_v2_io_max_control_in_a_vm_caps_the_writer_and_restores() {
     // The SLO is the guest's (`run_calibrated`): 15 ms, run G's, was never broken in a CI
     // run where the writer held the reader at 12-14 ms.
     let sc = Scenario::new(Aggressor::Writer, 15, 30);
-    let o = vm_scenario::run_calibrated(&disk, &sc, &Mode::Policy("adaptive".into()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let adaptive = Mode::Policy("adaptive".into());
+    let mut o =
+        vm_scenario::run_calibrated(&disk, &sc, &adaptive).unwrap_or_else(|e| panic!("{e}"));
     scenario::print_cycles(&o);
+    if !o.hurt[0] {
+        // The emulated contention moved between the calibration and the run (a CI run: 29 ms
+        // pooled in the calibration, 12-18 ms a cycle in the run), so the run could not test
+        // control. Once more, with the SLO from the run's own cycles next to the writer (at least 3x the
+        // reader's p99.9 alone, as in the calibration).
+        let mut cycles = o.p999_ms.clone();
+        cycles.sort_by(f64::total_cmp);
+        let median = cycles.get(cycles.len() / 2).copied().unwrap_or_default();
+        let slo_ms = ((0.75 * median) as u64).max((3.0 * o.solo_p999_ms) as u64 + 1);
+        eprintln!(
+            "the writer did not break the calibrated {} ms SLO: again at {slo_ms} ms",
+            o.slo_ms
+        );
+        let sc = Scenario { slo_ms, ..sc };
+        o = vm_scenario::run(&disk, &sc, &adaptive).unwrap_or_else(|e| panic!("{e}"));
+        scenario::print_cycles(&o);
+    }
     let start = o
         .events
         .iter()
