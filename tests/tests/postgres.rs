@@ -11,8 +11,8 @@
 //! (fio, 1 MiB sequential O_DIRECT writes at QD32) runs in the `backup` cgroup
 //! (best-effort, 20 MB/s floor).
 //!
-//! The agent's target for the `db` service is for its block I/O: half the transaction SLO
-//! (a transaction waits on more than one read, and queues behind slow ones;
+//! The agent's target for the `db` service is for its block I/O: two thirds of the
+//! transaction SLO (a transaction waits on more than one read, and queues behind slow ones;
 //! `postgres::IO_SHARE`).
 //! The verdict is pgbench's own: the p99.9 of the transactions it scheduled in each of ten
 //! 2.5 s windows of the steady phase, which starts where every scenario's does (the 11th
