@@ -206,6 +206,9 @@ struct Search {
     /// The cap a trim or a gentle cut set just under a settled one: near the knee, judged
     /// like a settled cap from its first cycle.
     held: Option<u64>,
+    /// Cut on arrival, from a cycle it ran only part of: the rate that broke the SLO is not
+    /// known, and the search doubles the cap until a probe finds it.
+    knee_unknown: bool,
 }
 
 impl Search {
@@ -244,6 +247,7 @@ impl Search {
     }
 
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64) {
+        self.knee_unknown = false;
         self.knee = Some(Knee::found(self.knee, rate_bps, cycle));
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
@@ -282,11 +286,18 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
+    /// Each service's rate (bytes/s) in the cycle before this one, and in this one.
+    prev_rates: HashMap<ServiceId, f64>,
+    rates: HashMap<ServiceId, f64>,
 }
 
 impl DeviceHistory {
     /// Records a cycle whose worst p99.9 fraction is `worst`.
     fn record(&mut self, d: &DeviceCycle, worst: f64) {
+        self.prev_rates = std::mem::replace(
+            &mut self.rates,
+            d.services.iter().map(|s| (s.id, s.bps())).collect(),
+        );
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -800,11 +811,24 @@ impl Adaptive {
                 _ => 0.9,
             },
         );
-        self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
+        let h = self.devices.entry(d.dev).or_default();
+        h.episode_until = d.cycle + 1;
+        // An aggressor at under half this cycle's rate the cycle before is arriving: it ran
+        // part of this one, at a rate its mean understates. Seen with PostgreSQL (BENCHMARKS
+        // run Q): a writer that sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s
+        // in; taken as the knee, it held the search under 124 MB/s where a static 300 held.
+        let arriving =
+            a.limit.is_unlimited() && h.prev_rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps());
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
-        // The knee is the rate that broke the SLO, which may be above a cap not yet in force.
-        st.remember_bad(current.max(a.bps()) as u64, d.cycle);
+        if arriving {
+            st.knee = None;
+            st.knee_unknown = true;
+        } else {
+            // The knee is the rate that broke the SLO, which may be above a cap not yet in
+            // force.
+            st.remember_bad(current.max(a.bps()) as u64, d.cycle);
+        }
         // The victim suffers from everyone else's bytes: scale that total by the
         // factor and take the whole cut from the aggressor.
         let others: f64 = d
@@ -967,6 +991,10 @@ impl Adaptive {
             st.doubt_knee(d.cycle);
         }
         let bad = st.bad(d.cycle);
+        // Without a knee since an arrival cut, the search has found nothing yet: it doubles
+        // until a probe breaks, whatever the clock or the budget (that arrival's violation
+        // is the only one, and the cap was cut from a rate it understated).
+        let knee_unknown = bad.is_none() && st.knee_unknown;
         // With the budget spent, only a probe far under a trusted knee (likely to hold) is
         // worth it: seen on the test disk, a probe from 110 to 221 MB/s failed once and the
         // wait out of its violation at 110 held the writer at half the knee for ten cycles.
@@ -978,7 +1006,8 @@ impl Adaptive {
         if total_bad.is_some_and(|b| b as f64 <= total as f64 * KNEE_PRECISION) {
             return out;
         }
-        let far_from_knee = bad.is_some_and(|b| b as f64 >= cap as f64 * FAR_FROM_KNEE)
+        let far_from_knee = (knee_unknown
+            || bad.is_some_and(|b| b as f64 >= cap as f64 * FAR_FROM_KNEE))
             && total_bad.is_none_or(|b| b as f64 >= total as f64 * FAR_FROM_KNEE);
         if h.budget_spent() && !far_from_knee {
             return out;
@@ -996,7 +1025,8 @@ impl Adaptive {
         let far_under_targets = h
             .level_since(from)
             .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
-        let settled = d.cycle > h.episode_until + SEARCH_CYCLES && !far_under_targets;
+        let settled =
+            d.cycle > h.episode_until + SEARCH_CYCLES && !far_under_targets && !knee_unknown;
         let last_change = d.services.iter().filter_map(|s| s.changed_cycle).max();
         if settled && !far_from_knee && last_change.is_some_and(|c| d.cycle < c + NOISE_WINDOW) {
             return out;
@@ -1009,6 +1039,7 @@ impl Adaptive {
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
+            None if knee_unknown => cap.saturating_mul(2),
             None if far_below => (cap as f64 * CREEP_FAR_FACTOR) as u64,
             None => (cap as f64 * CREEP_FACTOR) as u64,
         };
@@ -1031,6 +1062,7 @@ impl Adaptive {
         }
         st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
+        let doubling = knee_unknown;
         let worst = worst_fraction(d);
         out.extend(cap_bandwidth(
             s,
@@ -1046,6 +1078,9 @@ impl Adaptive {
                     "every SLO held under this cap: probe half-way to the knee at {:.0} MB/s",
                     bad as f64 / 1e6
                 ),
+                (None, None) if doubling => {
+                    "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into()
+                }
                 (None, None) => format!(
                     "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth",
                     worst * 100.0

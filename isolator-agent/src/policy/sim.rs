@@ -53,6 +53,9 @@ pub struct SimService {
     pub cost_per_byte: f64,
     pub limit: IoMaxLimit,
     pub changed: Option<u64>,
+    /// The share of its first cycle it runs in (1: all of it). Its rate in that cycle
+    /// averages over the whole cycle, but what it does to others is its rate while it runs.
+    pub arrival_share: f64,
 }
 
 impl SimService {
@@ -70,6 +73,7 @@ impl SimService {
             cost_per_byte: 1.0,
             limit: IoMaxLimit::default(),
             changed: None,
+            arrival_share: 1.0,
         }
     }
     /// A throughput service with a `rate_mbps` target that would use `demand_mbps` from
@@ -90,6 +94,7 @@ impl SimService {
             cost_per_byte: 1.0,
             limit: IoMaxLimit::default(),
             changed: None,
+            arrival_share: 1.0,
         }
     }
 
@@ -210,6 +215,16 @@ impl SimDisk {
     /// Runs one cycle and returns what the policies see.
     pub fn step(&mut self) -> DeviceCycle {
         let rates = self.bulk_rates();
+        // What a service's counters show: in its arrival cycle, only the share it ran.
+        let shown = |i: usize| {
+            let s = &self.services[i];
+            rates[i]
+                * if self.cycle == s.start {
+                    s.arrival_share
+                } else {
+                    1.0
+                }
+        };
         let mut loads = vec![];
         for (i, s) in self.services.iter().enumerate() {
             let running = s.running(self.cycle);
@@ -256,15 +271,15 @@ impl SimDisk {
                     l.inflight = iops * mean / 1e9;
                 }
             } else if running && s.cost_per_byte > 1.0 {
-                l.read_bps = rates[i];
-                l.read_iops = rates[i] / 4096.0;
+                l.read_bps = shown(i);
+                l.read_iops = shown(i) / 4096.0;
                 l.mean = Some(0.2e6 * s.qd);
                 l.inflight = s.qd;
                 l.samples = l.read_iops as u64;
                 l.p999 = Some((0.6e6 * s.qd) as u64);
             } else if running {
-                l.write_bps = rates[i];
-                l.write_iops = rates[i] / (1 << 20) as f64;
+                l.write_bps = shown(i);
+                l.write_iops = shown(i) / (1 << 20) as f64;
                 let mean = 0.6e6 * (1.0 + rates.iter().sum::<f64>() / CAPACITY_BPS * 10.0);
                 l.inflight = (l.write_iops * mean / 1e9).min(s.qd);
                 l.mean = Some(mean);
@@ -488,6 +503,23 @@ mod tests {
                 d
             };
             assert_finds_the_knee(&make, &format!("writer, bimodal noise {seed}"));
+        }
+    }
+
+    /// A writer that arrives late in a cycle breaks the SLO in a cycle whose counters show a
+    /// twentieth of its rate: that rate is no knee, and the search must not stop under it
+    /// (seen with PostgreSQL: a writer averaging 124 MB/s in the cycle it arrived in,
+    /// 3 GB/s after, and the search held under 124 MB/s where a static 300 held).
+    #[test]
+    fn adaptive_takes_no_knee_from_a_cycle_the_aggressor_arrived_in() {
+        for seed in [None, Some(1), Some(2)] {
+            let make = || {
+                let mut d = noisy_pair(5.0);
+                d.noise_seed = seed;
+                d.services[1].arrival_share = 0.05;
+                d
+            };
+            assert_finds_the_knee(&make, &format!("writer arriving late, noise {seed:?}"));
         }
     }
 
