@@ -10,7 +10,9 @@
 //!   that comes back after a quiet spell), else one decisive cut: the bytes the victim
 //!   competes with scaled by (SLO/L)^2 (at most half, at least 5 %), all taken from the
 //!   aggressor, because a second cut costs two more violating cycles; a first cut that does
-//!   not hold in its first full cycle is cut again by at least three quarters.
+//!   not hold in its first full cycle is cut again by at least three quarters. The rate
+//!   that broke the SLO is the knee, unless the aggressor arrived in that cycle (its mean
+//!   rate there understates it): then the search doubles the cap until a probe breaks.
 //! - Then a bisection in log space between the highest cap seen to hold (`good`: a window of
 //!   [`PROBE_CYCLES`] cycles without a violation or a near miss) and the lowest seen to break
 //!   an SLO (`bad`): a raise that breaks an SLO before it is confirmed goes back to `good`
@@ -72,7 +74,8 @@ const NEAR_MISS_FLOOR: f64 = 0.7;
 /// budget spent: the probe lands at 0.82 of the knee or lower, where it rarely breaks.
 const FAR_FROM_KNEE: f64 = 1.5;
 /// Raises above a knee that is no longer trusted creep by this factor: it has probably not
-/// moved far. (Every cap this policy sets comes with a knee: the rate that made it cut.)
+/// moved far. (Every cap this policy sets comes with a knee, the rate that made it cut,
+/// except an arrival's: that search doubles.)
 const CREEP_FACTOR: f64 = 1.1;
 /// The search stops when the lowest breaking cap is within this factor of the highest
 /// holding one: 10 % of the bandwidth is what the next probe could win, a violation what
@@ -286,9 +289,12 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
-    /// Each service's rate (bytes/s) in the cycle before this one, and in this one.
+    /// Each service's rate (bytes/s) in the device's last recorded cycle before this one,
+    /// and in this one; and which cycles those were (a device without I/O has no cycle).
     prev_rates: HashMap<ServiceId, f64>,
     rates: HashMap<ServiceId, f64>,
+    prev_rates_cycle: Option<u64>,
+    rates_cycle: Option<u64>,
 }
 
 impl DeviceHistory {
@@ -298,6 +304,7 @@ impl DeviceHistory {
             &mut self.rates,
             d.services.iter().map(|s| (s.id, s.bps())).collect(),
         );
+        self.prev_rates_cycle = self.rates_cycle.replace(d.cycle);
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -724,11 +731,13 @@ impl Adaptive {
             }
         }
         if a.limit.is_unlimited() {
+            let arriving = self.arriving(d, a);
             let st = self.searches.entry((d.dev, a.id)).or_default();
             if let (Some(lifted), Some(k)) = (st.lifted_at.take(), st.knee.as_mut()) {
                 k.at_cycle += d.cycle.saturating_sub(lifted);
             }
-            if let Some(g) = st.good.filter(|&g| (g as f64) < current * 0.9) {
+            // Back in a cycle it ran only part of, its rate understates it: the good cap.
+            if let Some(g) = st.good.filter(|&g| arriving || (g as f64) < current * 0.9) {
                 self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
                 let why = format!(
                     "aggressor of {} is back: the cap that held last time",
@@ -761,6 +770,28 @@ impl Adaptive {
             h.total_knee = Some(Knee::found(h.total_knee, total, d.cycle));
         }
         cap_bandwidth(a, d.dev, prev.max(least_cap_bps(a)), why, cause)
+    }
+
+    /// Whether uncapped `a` arrived in this cycle: it ran under half as fast (or not at
+    /// all) in the device's cycle before, so it ran only part of this one, and its mean rate
+    /// here understates what it does. Seen with PostgreSQL (BENCHMARKS run Q): a writer that
+    /// sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s in; taken as the knee,
+    /// that held the search under 124 MB/s where a static 300 held. (A valid knee in the
+    /// first full cycle after a partial one is lost the same way: the search finds it again.)
+    fn arriving(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
+        let Some(h) = self.devices.get(&d.dev) else {
+            return false;
+        };
+        a.limit.is_unlimited()
+            && match h.prev_rates_cycle {
+                // The policy's first cycle on this device: nothing to compare with.
+                None => false,
+                Some(c) if c + 1 == d.cycle => {
+                    h.prev_rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps())
+                }
+                // The device had no I/O in between.
+                Some(_) => true,
+            }
     }
 
     /// Whether `a`'s cap is the episode's first cut and its first full cycle still broke an
@@ -811,19 +842,14 @@ impl Adaptive {
                 _ => 0.9,
             },
         );
-        let h = self.devices.entry(d.dev).or_default();
-        h.episode_until = d.cycle + 1;
-        // An aggressor at under half this cycle's rate the cycle before is arriving: it ran
-        // part of this one, at a rate its mean understates. Seen with PostgreSQL (BENCHMARKS
-        // run Q): a writer that sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s
-        // in; taken as the knee, it held the search under 124 MB/s where a static 300 held.
-        let arriving =
-            a.limit.is_unlimited() && h.prev_rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps());
+        let arriving = self.arriving(d, a);
+        self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
         if arriving {
-            st.knee = None;
-            st.knee_unknown = true;
+            // A knee still trusted from its last visit stands; without one, the search
+            // doubles until a probe finds it.
+            st.knee_unknown = st.bad(d.cycle).is_none();
         } else {
             // The knee is the rate that broke the SLO, which may be above a cap not yet in
             // force.
@@ -880,6 +906,7 @@ impl Adaptive {
             };
             if st.quiet >= QUIET_CYCLES && s.ceiling_bps().is_none() && s.can_change(d.cycle) {
                 st.before_raise = None;
+                st.knee_unknown = false;
                 st.lifted_at = Some(d.cycle);
                 out.extend(uncap(
                     s,
@@ -958,8 +985,10 @@ impl Adaptive {
         let st = self.searches.entry((d.dev, s.id)).or_default();
         let bad = st.bad(d.cycle);
         let cause = base_cause(d, s);
-        // Not binding and no SLO worry remembered: remove it.
+        // Not binding and no SLO worry remembered: remove it (a cap doubled past the
+        // aggressor's demand since an arrival ends here too).
         if bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
+            st.knee_unknown = false;
             return uncap(
                 s,
                 d.dev,
@@ -992,8 +1021,8 @@ impl Adaptive {
         }
         let bad = st.bad(d.cycle);
         // Without a knee since an arrival cut, the search has found nothing yet: it doubles
-        // until a probe breaks, whatever the clock or the budget (that arrival's violation
-        // is the only one, and the cap was cut from a rate it understated).
+        // until a probe breaks, past its first cycles if it must (the cap was cut from a
+        // rate the arrival understated), while the budget allows a probe.
         let knee_unknown = bad.is_none() && st.knee_unknown;
         // With the budget spent, only a probe far under a trusted knee (likely to hold) is
         // worth it: seen on the test disk, a probe from 110 to 221 MB/s failed once and the
@@ -1006,8 +1035,7 @@ impl Adaptive {
         if total_bad.is_some_and(|b| b as f64 <= total as f64 * KNEE_PRECISION) {
             return out;
         }
-        let far_from_knee = (knee_unknown
-            || bad.is_some_and(|b| b as f64 >= cap as f64 * FAR_FROM_KNEE))
+        let far_from_knee = bad.is_some_and(|b| b as f64 >= cap as f64 * FAR_FROM_KNEE)
             && total_bad.is_none_or(|b| b as f64 >= total as f64 * FAR_FROM_KNEE);
         if h.budget_spent() && !far_from_knee {
             return out;

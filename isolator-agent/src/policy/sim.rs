@@ -53,8 +53,9 @@ pub struct SimService {
     pub cost_per_byte: f64,
     pub limit: IoMaxLimit,
     pub changed: Option<u64>,
-    /// The share of its first cycle it runs in (1: all of it). Its rate in that cycle
-    /// averages over the whole cycle, but what it does to others is its rate while it runs.
+    /// The share of its first cycle (and of each return's, on/off) it runs in (1: all of
+    /// it). Its rate in that cycle averages over the whole cycle, but what it does to others
+    /// is its rate while it runs.
     pub arrival_share: f64,
 }
 
@@ -218,12 +219,9 @@ impl SimDisk {
         // What a service's counters show: in its arrival cycle, only the share it ran.
         let shown = |i: usize| {
             let s = &self.services[i];
-            rates[i]
-                * if self.cycle == s.start {
-                    s.arrival_share
-                } else {
-                    1.0
-                }
+            let arriving = self.cycle == s.start
+                || (s.running(self.cycle) && !s.running(self.cycle.saturating_sub(1)));
+            rates[i] * if arriving { s.arrival_share } else { 1.0 }
         };
         let mut loads = vec![];
         for (i, s) in self.services.iter().enumerate() {
@@ -590,6 +588,27 @@ mod tests {
         fn cap_of(c: &DeviceCycle) -> u64 {
             c.services[1].limit.total_bps().unwrap_or(0)
         }
+    }
+
+    /// An on/off aggressor that returns late in a cycle (its counters there show a
+    /// twentieth of its rate) gets the cap that held last time, not a cut from that rate.
+    #[test]
+    fn an_aggressor_back_in_a_cycle_it_ran_part_of_gets_the_cap_that_held() {
+        let mut disk = noisy_pair(5.0);
+        disk.services[1].on_off = Some((30, 20));
+        disk.services[1].arrival_share = 0.05;
+        let h = disk.run(&mut Adaptive::default(), 60);
+        // It rests from cycle 35 and is back at 55.
+        let held = h[34].0.services[1]
+            .limit
+            .total_bps()
+            .expect("capped while on");
+        let back: Vec<&Decision> = h[55..58].iter().flat_map(|(_, d)| d).collect();
+        assert!(
+            back.first()
+                .is_some_and(|d| d.reason.contains("is back") && d.to == Some(held)),
+            "on its return: {back:?}, the cap that held {held}"
+        );
     }
 
     #[test]
