@@ -454,15 +454,8 @@ fn cgroup_v2_io_max_control_in_a_vm_caps_the_writer_and_restores() {
     if o.hurt.first() != Some(&true) {
         // The emulated contention moved between the calibration and the run (a CI run: 29 ms
         // pooled in the calibration, 12-18 ms a cycle in the run), so the run could not test
-        // control. Once more, with the SLO from the run's own cycles next to the writer (at least 3x the
-        // reader's p99.9 alone, as in the calibration).
-        let mut cycles = o.p999_ms.clone();
-        cycles.sort_by(f64::total_cmp);
-        let median = cycles.get(cycles.len() / 2).copied().unwrap_or_default();
-        let solo_ms = Some(o.solo_p999_ms)
-            .filter(|x| x.is_finite())
-            .unwrap_or(0.0);
-        let slo_ms = ((0.75 * median) as u64).max((3.0 * solo_ms) as u64 + 1);
+        // control. Once more, with the SLO from the run's own cycles next to the writer.
+        let slo_ms = vm_scenario::slo_from_cycles(&o);
         eprintln!(
             "the writer did not break the calibrated {} ms SLO: again at {slo_ms} ms",
             o.slo_ms

@@ -289,22 +289,47 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
-    /// Each service's rate (bytes/s) in the device's last recorded cycle before this one,
-    /// and in this one; and which cycles those were (a device without I/O has no cycle).
-    prev_rates: HashMap<ServiceId, f64>,
-    rates: HashMap<ServiceId, f64>,
-    prev_rates_cycle: Option<u64>,
-    rates_cycle: Option<u64>,
+}
+
+/// A device's services' rates (bytes/s) in its last recorded cycle before this one and in
+/// this one, with those cycles (a device without I/O has no cycle). Apart from
+/// [`DeviceHistory`], which `relax` clones every cycle: these hold every service.
+#[derive(Debug, Default)]
+struct RecentRates {
+    before: Option<(u64, HashMap<ServiceId, f64>)>,
+    now: Option<(u64, HashMap<ServiceId, f64>)>,
+}
+
+impl RecentRates {
+    fn record(&mut self, d: &DeviceCycle) {
+        let rates = d.services.iter().map(|s| (s.id, s.bps())).collect();
+        self.before = self.now.replace((d.cycle, rates));
+    }
+
+    /// Whether uncapped `a` arrived in this cycle: it ran under half as fast (or not at
+    /// all) in the device's cycle before, so it ran only part of this one, and its mean
+    /// rate here understates what it does. Seen with PostgreSQL (BENCHMARKS run Q): a
+    /// writer that sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s in; taken
+    /// as the knee, that held the search under 124 MB/s where a static 300 held. (A valid
+    /// knee in the first full cycle after a partial one is lost the same way: the search
+    /// finds it again.)
+    fn arriving(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
+        a.limit.is_unlimited()
+            && match &self.before {
+                // The policy's first cycle on this device: nothing to compare with.
+                None => false,
+                Some((c, rates)) if c + 1 == d.cycle => {
+                    rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps())
+                }
+                // The device had no I/O in between.
+                Some(_) => true,
+            }
+    }
 }
 
 impl DeviceHistory {
     /// Records a cycle whose worst p99.9 fraction is `worst`.
     fn record(&mut self, d: &DeviceCycle, worst: f64) {
-        self.prev_rates = std::mem::replace(
-            &mut self.rates,
-            d.services.iter().map(|s| (s.id, s.bps())).collect(),
-        );
-        self.prev_rates_cycle = self.rates_cycle.replace(d.cycle);
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -433,6 +458,7 @@ pub struct Adaptive {
     searches: HashMap<(u32, ServiceId), Search>,
     latency: HashMap<(u32, ServiceId), LatencyWindow>,
     devices: HashMap<u32, DeviceHistory>,
+    rates: HashMap<u32, RecentRates>,
     findings: Vec<Finding>,
 }
 
@@ -772,26 +798,9 @@ impl Adaptive {
         cap_bandwidth(a, d.dev, prev.max(least_cap_bps(a)), why, cause)
     }
 
-    /// Whether uncapped `a` arrived in this cycle: it ran under half as fast (or not at
-    /// all) in the device's cycle before, so it ran only part of this one, and its mean rate
-    /// here understates what it does. Seen with PostgreSQL (BENCHMARKS run Q): a writer that
-    /// sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s in; taken as the knee,
-    /// that held the search under 124 MB/s where a static 300 held. (A valid knee in the
-    /// first full cycle after a partial one is lost the same way: the search finds it again.)
+    /// See [`RecentRates::arriving`].
     fn arriving(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
-        let Some(h) = self.devices.get(&d.dev) else {
-            return false;
-        };
-        a.limit.is_unlimited()
-            && match h.prev_rates_cycle {
-                // The policy's first cycle on this device: nothing to compare with.
-                None => false,
-                Some(c) if c + 1 == d.cycle => {
-                    h.prev_rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps())
-                }
-                // The device had no I/O in between.
-                Some(_) => true,
-            }
+        self.rates.get(&d.dev).is_some_and(|r| r.arriving(d, a))
     }
 
     /// Whether `a`'s cap is the episode's first cut and its first full cycle still broke an
@@ -1090,7 +1099,6 @@ impl Adaptive {
         }
         st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
-        let doubling = knee_unknown;
         let worst = worst_fraction(d);
         out.extend(cap_bandwidth(
             s,
@@ -1106,7 +1114,7 @@ impl Adaptive {
                     "every SLO held under this cap: probe half-way to the knee at {:.0} MB/s",
                     bad as f64 / 1e6
                 ),
-                (None, None) if doubling => {
+                (None, None) if knee_unknown => {
                     "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into()
                 }
                 (None, None) => format!(
@@ -1222,6 +1230,7 @@ impl Policy for Adaptive {
             && capped
                 .clone()
                 .all(|(s, cap)| s.bps() >= cap as f64 * BINDING);
+        self.rates.entry(d.dev).or_default().record(d);
         let h = self.devices.entry(d.dev).or_default();
         h.record(d, worst);
         if !binding {

@@ -180,20 +180,15 @@ impl SimDisk {
         let Some(seed) = self.noise_seed else {
             return 1.0;
         };
-        // SplitMix64 of (seed, cycle, service): deterministic, no dependency.
-        let mut z = seed
+        // SplitMix64 of (seed, cycle, service), and its next output: two uniforms,
+        // deterministic, no dependency.
+        let z = seed
             .wrapping_add(self.cycle.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = splitmix(z);
         let u = (z >> 11) as f64 / (1u64 << 53) as f64;
-        // A second uniform from the same stream.
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let v = (z >> 11) as f64 / (1u64 << 53) as f64;
+        let v =
+            (splitmix(z.wrapping_add(0x9E37_79B9_7F4A_7C15)) >> 11) as f64 / (1u64 << 53) as f64;
         if let Some(sigma) = self.noise_sigma {
             // Box-Muller.
             let normal = (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos();
@@ -345,6 +340,13 @@ impl SimDisk {
             })
             .collect()
     }
+}
+
+/// SplitMix64's output function.
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[derive(Default)]
