@@ -135,6 +135,13 @@ const Z_CONFIDENCE: f64 = 1.0;
 /// below every target creeps by [`CREEP_FAR_FACTOR`].
 const KNEE_DOUBT: f64 = 0.35;
 const CREEP_FAR_FACTOR: f64 = 1.25;
+/// Without a trusted knee, each raise that held with every target still that far under
+/// squares the factor of the next (1.25, 1.56, then at most [`CLIMB_MAX_FACTOR`]): the
+/// latency has not moved, so a knee, if any, is far. Seen on the test disk (BENCHMARKS run
+/// R, PostgreSQL, repeat 1): a stall of the disk set a knee at 51 MB/s where a static 300
+/// held; once it was doubted, raises of 10-25 % every three cycles with the reads at 20-24 %
+/// of their target left the writer at 15 % of the best static cap.
+const CLIMB_MAX_FACTOR: f64 = 2.0;
 /// How many (cap, p99.9) cycles of one capped service the latency-vs-rate fit keeps, how
 /// many it needs, and how wide a spread of caps (sd of the log) before its slope means
 /// anything.
@@ -212,6 +219,9 @@ struct Search {
     /// Cut on arrival, from a cycle it ran only part of: the rate that broke the SLO is not
     /// known, and the search doubles the cap until a probe finds it.
     knee_unknown: bool,
+    /// Consecutive raises without a trusted knee, each from a cap that held far under
+    /// every target (see [`CLIMB_MAX_FACTOR`]).
+    climb: u32,
 }
 
 impl Search {
@@ -251,6 +261,7 @@ impl Search {
 
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64) {
         self.knee_unknown = false;
+        self.climb = 0;
         self.knee = Some(Knee::found(self.knee, rate_bps, cycle));
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
@@ -916,6 +927,7 @@ impl Adaptive {
             if st.quiet >= QUIET_CYCLES && s.ceiling_bps().is_none() && s.can_change(d.cycle) {
                 st.before_raise = None;
                 st.knee_unknown = false;
+                st.climb = 0;
                 st.lifted_at = Some(d.cycle);
                 out.extend(uncap(
                     s,
@@ -1073,11 +1085,15 @@ impl Adaptive {
         } else {
             KNEE_PRECISION
         };
+        let climbing = bad.is_none() && !knee_unknown && (far_below || far_under_targets);
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
             None if knee_unknown => cap.saturating_mul(2),
-            None if far_below => (cap as f64 * CREEP_FAR_FACTOR) as u64,
+            None if climbing => {
+                let factor = CREEP_FAR_FACTOR.powi(1 << st.climb.min(2));
+                (cap as f64 * factor.min(CLIMB_MAX_FACTOR)) as u64
+            }
             None => (cap as f64 * CREEP_FACTOR) as u64,
         };
         if let Some(ceiling) = s.ceiling_bps() {
@@ -1099,6 +1115,7 @@ impl Adaptive {
         }
         st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
+        st.climb = if climbing { st.climb + 1 } else { 0 };
         let worst = worst_fraction(d);
         out.extend(cap_bandwidth(
             s,

