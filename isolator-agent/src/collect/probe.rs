@@ -305,7 +305,10 @@ impl Probe {
             Some(f) => match attach_throttle(&mut ebpf, f, &aya_btf) {
                 Ok(()) => (Some(f), None),
                 Err(e) => {
-                    tracing::warn!(function = f, error = %e, "the wait I/O limits impose is not timed");
+                    // Debug only: the caller reports it (the agent's `throttle_wait_untimed`
+                    // warning event, `isolator check`'s features row), and a log line too
+                    // said it twice.
+                    tracing::debug!(function = f, error = %e, "the wait I/O limits impose is not timed");
                     features.throttle_wait_timed = false;
                     (None, Some(format!("fexit on {f}: {e}")))
                 }
