@@ -443,11 +443,9 @@ pub(crate) fn cap_bandwidth(
     }
     // A fresh cap: by this cycle's mix, a direction under 5 % of it left free (and its
     // share of the cap with it), the remainder again on the last knob.
-    let (parts, free): (Vec<(Knob, f64)>, Vec<(Knob, f64)>) = knobs
-        .into_iter()
-        .map(|(knob, part)| (knob, fraction(part, s.bps())))
-        .partition(|&(_, frac)| frac >= 0.05);
-    let free_share: f64 = free.iter().map(|p| p.1).sum();
+    let shares = knobs.map(|(knob, part)| (knob, fraction(part, s.bps())));
+    let parts: Vec<(Knob, f64)> = shares.into_iter().filter(|p| p.1 >= 0.05).collect();
+    let free_share: f64 = shares.iter().map(|p| p.1).filter(|&f| f < 0.05).sum();
     let mut left = cap_bps - (cap_bps as f64 * free_share) as u64;
     let values: Vec<(Knob, Option<u64>)> = parts
         .iter()
