@@ -132,7 +132,8 @@ const Z_CONFIDENCE: f64 = 1.0;
 /// at less than this fraction of the target (geometric mean), is doubted: one slow spell
 /// of the disk (seen: a p99.9 rising from 0.2 to 5.7 ms over six cycles at one cap, then
 /// 0.4 ms at a cap 7 % lower) is no knee. It expires at once, and a cap that runs this far
-/// below every target creeps by [`CREEP_FAR_FACTOR`].
+/// below every target (over [`PROBE_CYCLES`]) is raised by [`CREEP_FAR_FACTOR`] and more
+/// (see [`CLIMB_MAX_FACTOR`]).
 const KNEE_DOUBT: f64 = 0.35;
 const CREEP_FAR_FACTOR: f64 = 1.25;
 /// Without a trusted knee, each raise that held with every target still that far under
@@ -140,7 +141,11 @@ const CREEP_FAR_FACTOR: f64 = 1.25;
 /// latency has not moved, so a knee, if any, is far. Seen on the test disk (BENCHMARKS run
 /// R, PostgreSQL, repeat 1): a stall of the disk set a knee at 51 MB/s where a static 300
 /// held; once it was doubted, raises of 10-25 % every three cycles with the reads at 20-24 %
-/// of their target left the writer at 15 % of the best static cap.
+/// of their target left the writer at 15 % of the best static cap. On a plateau under a
+/// cliff (a writer's, with a lenient target) the doubling can overshoot the cliff: that
+/// probe fails on its first violation and finds the knee, as an arrival's doubling does.
+/// The ceiling and the device's knee still bound each step; any cut, trim, fall-back or
+/// lift starts the climb again at 1.25.
 const CLIMB_MAX_FACTOR: f64 = 2.0;
 /// How many (cap, p99.9) cycles of one capped service the latency-vs-rate fit keeps, how
 /// many it needs, and how wide a spread of caps (sd of the log) before its slope means
@@ -775,6 +780,7 @@ impl Adaptive {
             }
             // Back in a cycle it ran only part of, its rate understates it: the good cap.
             if let Some(g) = st.good.filter(|&g| arriving || (g as f64) < current * 0.9) {
+                st.climb = 0;
                 self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
                 let why = format!(
                     "aggressor of {} is back: the cap that held last time",
@@ -866,6 +872,7 @@ impl Adaptive {
         self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
+        st.climb = 0;
         if arriving {
             // A knee still trusted from its last visit stands; without one, the search
             // doubles until a probe finds it.
@@ -1010,6 +1017,7 @@ impl Adaptive {
         // aggressor's demand since an arrival ends here too).
         if bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
             st.knee_unknown = false;
+            st.climb = 0;
             return uncap(
                 s,
                 d.dev,
@@ -1085,7 +1093,7 @@ impl Adaptive {
         } else {
             KNEE_PRECISION
         };
-        let climbing = bad.is_none() && !knee_unknown && (far_below || far_under_targets);
+        let climbing = bad.is_none() && !knee_unknown && far_under_targets;
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
@@ -1135,8 +1143,9 @@ impl Adaptive {
                     "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into()
                 }
                 (None, None) => format!(
-                    "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth",
-                    worst * 100.0
+                    "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth, +{:.0} %",
+                    worst * 100.0,
+                    (next as f64 / cap as f64 - 1.0) * 100.0
                 ),
             },
             cause,
@@ -1777,14 +1786,17 @@ mod tests {
                     "cycle {cycle}: a violation during {prober}'s probe cut another: {ds:?}"
                 );
             }
-            // Every raise is a probe until its window passes.
+            // Every raise is a probe until its window passes (one per service, whatever
+            // its knobs).
             probes += ds
                 .iter()
                 .filter(|d| {
                     let now = c.services[d.service].limit.get(d.knob);
                     d.to.zip(now).is_some_and(|(to, now)| to > now)
                 })
-                .count();
+                .map(|d| d.service)
+                .collect::<HashSet<_>>()
+                .len();
             disk.apply(&ds);
         }
         assert!(

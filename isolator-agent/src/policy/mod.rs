@@ -418,7 +418,7 @@ pub(crate) fn cap_bandwidth(
     let knobs = [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)];
     if let Some(total) = s.limit.total_bps().filter(|&t| t > 0) {
         // In integers, the remainder on the last knob: the knobs add up to `cap_bps`
-        // exactly, and the policies compare the cap they meant with the one read back (in
+        // exactly (unless [`MIN_CAP_BPS`] on each is more), and the policies compare the cap they meant with the one read back (in
         // f64, v * cap / total is off by one for ~6 % of caps over 100 MB/s, where the
         // product passes 2^53: a gentle cut's cap was then not known to be the one set).
         let set: Vec<(Knob, u64)> = knobs
@@ -434,9 +434,10 @@ pub(crate) fn cap_bandwidth(
                     left
                 } else {
                     (v as u128 * cap_bps as u128 / total as u128) as u64
-                };
+                }
+                .max(MIN_CAP_BPS);
                 left = left.saturating_sub(to);
-                (knob, Some(to.max(MIN_CAP_BPS)))
+                (knob, Some(to))
             })
             .collect();
         return changes(s, dev, values, reason, cause);
@@ -455,9 +456,10 @@ pub(crate) fn cap_bandwidth(
                 left
             } else {
                 (cap_bps as f64 * frac) as u64
-            };
+            }
+            .max(MIN_CAP_BPS);
             left = left.saturating_sub(to);
-            (knob, Some(to.max(MIN_CAP_BPS)))
+            (knob, Some(to))
         })
         .collect();
     changes(s, dev, values, reason, cause)

@@ -646,6 +646,26 @@ mod tests {
                 high / MB,
                 settled / MB
             );
+            // Not a probe that fails at once: the cap stays up, and the climb costs at
+            // most one violation in ten of the cycles after the stall.
+            let later = disk.run(&mut p, 20);
+            let held = rate(&later[10..]);
+            let violations =
+                violating_cycles(&after, "reader").len() + violating_cycles(&later, "reader").len();
+            println!(
+                "noise {seed:?}: {:.0} MB/s 35-45 cycles after the stall, {violations} violating cycles in 45",
+                held / MB
+            );
+            assert!(
+                held >= 0.85 * settled,
+                "noise {seed:?}: {:.0} MB/s 35-45 cycles after the stall, under 85 % of {:.0}",
+                held / MB,
+                settled / MB
+            );
+            assert!(
+                violations * 10 <= 45,
+                "noise {seed:?}: {violations} violating cycles in the 45 after the stall"
+            );
         }
     }
 
@@ -688,6 +708,29 @@ mod tests {
                 );
             }
         }
+        // A direction at the floor: the other takes the rest of the cap, to the byte.
+        let mut s = base.clone();
+        s.limit = IoMaxLimit {
+            rbps: Some(2 << 20),
+            wbps: Some(300_000_000),
+            ..Default::default()
+        };
+        let mut after = s.limit;
+        for d in cap_bandwidth(&s, 1, 100_000_000, String::new(), base_cause(&c, &s)) {
+            after.set(d.knob, d.to);
+        }
+        assert_eq!(after.rbps, Some(MIN_CAP_BPS));
+        assert_eq!(after.total_bps(), Some(100_000_000), "{after:?}");
+        // A fresh cap on a service reading 3 % of its bytes: the reads stay free, and the
+        // writes get the cap less their share.
+        s.limit = IoMaxLimit::default();
+        s.read_bps = 3e6;
+        s.write_bps = 97e6;
+        let ds = cap_bandwidth(&s, 1, 100_000_000, String::new(), base_cause(&c, &s));
+        assert!(
+            matches!(ds.as_slice(), [d] if d.knob == Knob::Wbps && d.to.is_some_and(|w| w.abs_diff(97_000_000) <= 1)),
+            "{ds:?}"
+        );
     }
 
     /// An on/off aggressor that returns late in a cycle (its counters there show a
