@@ -224,9 +224,11 @@ struct Search {
     /// Cut on arrival, from a cycle it ran only part of: the rate that broke the SLO is not
     /// known, and the search doubles the cap until a probe finds it.
     knee_unknown: bool,
-    /// Consecutive raises without a trusted knee, each from a cap that held far under
-    /// every target (see [`CLIMB_MAX_FACTOR`]).
-    climb: u32,
+    /// The cycle of the last raise without a trusted knee from a cap that held far under
+    /// every target, and how many such raises came in a row (see [`CLIMB_MAX_FACTOR`]). It
+    /// counts only while that raise is the cap's last change: any other change (a cut, a
+    /// trim, a fall-back, a lift, a return) starts the climb again.
+    climb: Option<(u64, u32)>,
 }
 
 impl Search {
@@ -266,7 +268,6 @@ impl Search {
 
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64) {
         self.knee_unknown = false;
-        self.climb = 0;
         self.knee = Some(Knee::found(self.knee, rate_bps, cycle));
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
@@ -318,7 +319,10 @@ struct RecentRates {
 
 impl RecentRates {
     fn record(&mut self, d: &DeviceCycle) {
-        let rates = d.services.iter().map(|s| (s.id, s.bps())).collect();
+        // The oldest map is refilled, not reallocated: it holds every service, each cycle.
+        let mut rates = self.before.take().map(|(_, m)| m).unwrap_or_default();
+        rates.clear();
+        rates.extend(d.services.iter().map(|s| (s.id, s.bps())));
         self.before = self.now.replace((d.cycle, rates));
     }
 
@@ -780,7 +784,6 @@ impl Adaptive {
             }
             // Back in a cycle it ran only part of, its rate understates it: the good cap.
             if let Some(g) = st.good.filter(|&g| arriving || (g as f64) < current * 0.9) {
-                st.climb = 0;
                 self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
                 let why = format!(
                     "aggressor of {} is back: the cap that held last time",
@@ -872,7 +875,6 @@ impl Adaptive {
         self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
-        st.climb = 0;
         if arriving {
             // A knee still trusted from its last visit stands; without one, the search
             // doubles until a probe finds it.
@@ -934,7 +936,6 @@ impl Adaptive {
             if st.quiet >= QUIET_CYCLES && s.ceiling_bps().is_none() && s.can_change(d.cycle) {
                 st.before_raise = None;
                 st.knee_unknown = false;
-                st.climb = 0;
                 st.lifted_at = Some(d.cycle);
                 out.extend(uncap(
                     s,
@@ -1017,7 +1018,6 @@ impl Adaptive {
         // aggressor's demand since an arrival ends here too).
         if bad.is_none() && s.bps() < cap as f64 * 0.5 && s.ceiling_bps().is_none() {
             st.knee_unknown = false;
-            st.climb = 0;
             return uncap(
                 s,
                 d.dev,
@@ -1094,12 +1094,16 @@ impl Adaptive {
             KNEE_PRECISION
         };
         let climbing = bad.is_none() && !knee_unknown && far_under_targets;
+        let streak = st
+            .climb
+            .filter(|&(c, _)| s.changed_cycle == Some(c))
+            .map_or(0, |(_, n)| n);
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2),
             None if knee_unknown => cap.saturating_mul(2),
             None if climbing => {
-                let factor = CREEP_FAR_FACTOR.powi(1 << st.climb.min(2));
+                let factor = CREEP_FAR_FACTOR.powi(1 << streak.min(2));
                 (cap as f64 * factor.min(CLIMB_MAX_FACTOR)) as u64
             }
             None => (cap as f64 * CREEP_FACTOR) as u64,
@@ -1123,7 +1127,7 @@ impl Adaptive {
         }
         st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
-        st.climb = if climbing { st.climb + 1 } else { 0 };
+        st.climb = climbing.then_some((d.cycle, streak + 1));
         let worst = worst_fraction(d);
         out.extend(cap_bandwidth(
             s,

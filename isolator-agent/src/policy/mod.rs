@@ -415,54 +415,62 @@ pub(crate) fn cap_bandwidth(
     reason: String,
     cause: Cause,
 ) -> Vec<Decision> {
-    let knobs = [(Knob::Rbps, s.read_bps), (Knob::Wbps, s.write_bps)];
-    if let Some(total) = s.limit.total_bps().filter(|&t| t > 0) {
-        // In integers, the remainder on the last knob: the knobs add up to `cap_bps`
-        // exactly (unless [`MIN_CAP_BPS`] on each is more), and the policies compare the cap they meant with the one read back (in
-        // f64, v * cap / total is off by one for ~6 % of caps over 100 MB/s, where the
-        // product passes 2^53: a gentle cut's cap was then not known to be the one set).
-        let set: Vec<(Knob, u64)> = knobs
-            .iter()
-            .filter_map(|&(knob, _)| Some((knob, s.limit.get(knob)?)))
-            .collect();
-        let mut left = cap_bps;
-        let values: Vec<(Knob, Option<u64>)> = set
-            .iter()
-            .enumerate()
-            .map(|(i, &(knob, v))| {
-                let to = if i + 1 == set.len() {
-                    left
-                } else {
-                    (v as u128 * cap_bps as u128 / total as u128) as u64
-                }
-                .max(MIN_CAP_BPS);
-                left = left.saturating_sub(to);
-                (knob, Some(to))
-            })
-            .collect();
+    let existing: Vec<(Knob, u64)> = [Knob::Rbps, Knob::Wbps]
+        .into_iter()
+        .filter_map(|k| Some((k, s.limit.get(k)?)))
+        .collect();
+    let existing_total: u128 = existing.iter().map(|p| p.1 as u128).sum();
+    if existing_total > 0 {
+        let values = split_to_the_byte(cap_bps, &existing, existing_total);
         return changes(s, dev, values, reason, cause);
     }
-    // A fresh cap: by this cycle's mix, a direction under 5 % of it left free (and its
-    // share of the cap with it), the remainder again on the last knob.
-    let shares = knobs.map(|(knob, part)| (knob, fraction(part, s.bps())));
-    let parts: Vec<(Knob, f64)> = shares.into_iter().filter(|p| p.1 >= 0.05).collect();
-    let free_share: f64 = shares.iter().map(|p| p.1).filter(|&f| f < 0.05).sum();
-    let mut left = cap_bps - (cap_bps as f64 * free_share) as u64;
-    let values: Vec<(Knob, Option<u64>)> = parts
+    // A fresh cap: by this cycle's bytes, a direction under 5 % of them left free (and its
+    // share of the cap with it).
+    let bytes = [
+        (Knob::Rbps, s.read_bps as u64),
+        (Knob::Wbps, s.write_bps as u64),
+    ];
+    let all: u128 = bytes.iter().map(|p| p.1 as u128).sum();
+    let kept: Vec<(Knob, u64)> = bytes
+        .into_iter()
+        .filter(|&(_, b)| b > 0 && b as u128 * 20 >= all)
+        .collect();
+    let kept_total: u128 = kept.iter().map(|p| p.1 as u128).sum();
+    let amount = (cap_bps as u128 * kept_total).checked_div(all).unwrap_or(0) as u64;
+    changes(
+        s,
+        dev,
+        split_to_the_byte(amount, &kept, kept_total),
+        reason,
+        cause,
+    )
+}
+
+/// `amount` over `parts` by their weights out of `weight_total`, in integers with the
+/// remainder on the last part, no part under [`MIN_CAP_BPS`]: the parts add up to `amount`
+/// to the byte (unless the floors are more). The policies compare the cap they meant with
+/// the one read back: in f64, v * cap / total passes 2^53 over ~95 MB/s and came back a
+/// byte off for ~6 % of caps (a gentle cut's cap was then not known as the one it set).
+fn split_to_the_byte(
+    amount: u64,
+    parts: &[(Knob, u64)],
+    weight_total: u128,
+) -> Vec<(Knob, Option<u64>)> {
+    let mut left = amount;
+    parts
         .iter()
         .enumerate()
-        .map(|(i, &(knob, frac))| {
+        .map(|(i, &(knob, weight))| {
             let to = if i + 1 == parts.len() {
                 left
             } else {
-                (cap_bps as f64 * frac) as u64
+                (weight as u128 * amount as u128 / weight_total) as u64
             }
             .max(MIN_CAP_BPS);
             left = left.saturating_sub(to);
             (knob, Some(to))
         })
-        .collect();
-    changes(s, dev, values, reason, cause)
+        .collect()
 }
 
 /// Decisions that remove every limit of a service we set.

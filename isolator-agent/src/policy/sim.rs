@@ -681,6 +681,14 @@ mod tests {
         let c = disk.step();
         let base = c.services[1].clone();
         let draw = |z: u64| splitmix(z) % 900_000_000 + 100_000_000;
+        // The limit once `s`'s decisions for `cap` are applied.
+        let capped = |s: &ServiceLoad, cap: u64| {
+            let mut after = s.limit;
+            for d in cap_bandwidth(s, 1, cap, String::new(), base_cause(&c, s)) {
+                after.set(d.knob, d.to);
+            }
+            after
+        };
         for i in 0..3000u64 {
             let (r, w, cap) = (draw(3 * i), draw(3 * i + 1), draw(3 * i + 2));
             let fresh = IoMaxLimit::default();
@@ -697,10 +705,7 @@ mod tests {
                 s.limit = limit;
                 s.read_bps = r as f64;
                 s.write_bps = w as f64;
-                let mut after = limit;
-                for d in cap_bandwidth(&s, 1, cap, String::new(), base_cause(&c, &s)) {
-                    after.set(d.knob, d.to);
-                }
+                let after = capped(&s, cap);
                 assert_eq!(
                     after.total_bps(),
                     Some(cap),
@@ -715,10 +720,7 @@ mod tests {
             wbps: Some(300_000_000),
             ..Default::default()
         };
-        let mut after = s.limit;
-        for d in cap_bandwidth(&s, 1, 100_000_000, String::new(), base_cause(&c, &s)) {
-            after.set(d.knob, d.to);
-        }
+        let after = capped(&s, 100_000_000);
         assert_eq!(after.rbps, Some(MIN_CAP_BPS));
         assert_eq!(after.total_bps(), Some(100_000_000), "{after:?}");
         // A fresh cap on a service reading 3 % of its bytes: the reads stay free, and the
