@@ -120,6 +120,26 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             action,
             reason,
         }),
+        Finding::DiskStall {
+            service: _,
+            dev,
+            cycle,
+            p999_ns,
+            slo_p999_ns,
+            level,
+            others_bps,
+            action,
+        } => Event::DiskStall(crate::events::DiskStall {
+            cycle,
+            service: service_name,
+            dev: crate::identify::disks::dev_text(dev),
+            policy: policy.into(),
+            p999_ns,
+            slo_p999_ns,
+            level_p999_ns: slo_p999_ns.map(|t| (t as f64 * level) as u64),
+            others_bps,
+            action,
+        }),
     }
 }
 

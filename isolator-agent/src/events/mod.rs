@@ -181,6 +181,27 @@ pub struct SloInfeasible {
     pub reason: String,
 }
 
+/// A latency service over its target in a cycle the disk stalled: its p99.9 far over the
+/// level the same caps gave in the last cycles, with nobody pushing more bytes or IOPS than
+/// then. The policy counts the cycle but cuts nothing for it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiskStall {
+    pub cycle: u64,
+    pub service: String,
+    pub dev: String,
+    pub policy: String,
+    pub p999_ns: Option<u64>,
+    pub slo_p999_ns: Option<u64>,
+    /// The worst p99.9 the same or higher caps gave in the last cycles.
+    pub level_p999_ns: Option<u64>,
+    /// Everyone else's rate on the device in the cycle.
+    #[serde(deserialize_with = "crate::events::f64_or_null")]
+    pub others_bps: f64,
+    /// What the policy does about it.
+    pub action: String,
+}
+
 /// What became of the SLO a container (or a pod) declares in its `isolator.*` labels.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -488,6 +509,7 @@ pub enum Event {
     LabelSlo(LabelSloInfo),
     CharacterChange(CharacterChange),
     SloInfeasible(SloInfeasible),
+    DiskStall(DiskStall),
     /// A type this reader does not know: a newer agent's addition within the schema.
     /// Never written.
     #[serde(other)]

@@ -34,6 +34,11 @@
 //!   doubted and probed at once.
 //! - A cap the aggressor no longer uses (under a quarter of it for [`QUIET_CYCLES`]) is
 //!   lifted, the knee remembered for its return.
+//! - A violation [`STALL_FACTOR`] over the level the same or higher caps gave in the last
+//!   [`NOISE_WINDOW`] cycles, with nobody pushing more than then, is the disk stalling, not
+//!   a cap too high: it counts in the budget but cuts nothing (a `disk_stall` notice), and
+//!   its cycle stays out of the scatter, the window p99.9 and the fit. A third such cycle in
+//!   a row is judged as harm.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
 //!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
@@ -158,6 +163,22 @@ const FIT_MIN_SPREAD: f64 = 0.05;
 /// disk's own, which no cap fixes. Budget trims are skipped there; clear violations still
 /// cut.
 const FUTILE_SLOPE: f64 = 0.5;
+/// A violating cycle whose worst p99.9 fraction is this many times the level of the recent
+/// cycles under the same or higher caps, and [`STALL_SIGMAS`] of their scatter over it, with
+/// nobody pushing more than [`STALL_LOAD`] times the bytes or IOPS of those cycles, is a stall
+/// of the disk. Seen on the test disk (BENCHMARKS run S, PostgreSQL): the reads at 10-17 ms
+/// against 14 jumped to 145 ms for one or two cycles every few, with the writer at its cap
+/// each time; every second such cycle in ten cut the writer by 30 %, 232 -> 41 MB/s, and
+/// the stalls came as long at 41 as at 232 MB/s, as under a static cap.
+const STALL_FACTOR: f64 = 3.0;
+const STALL_SIGMAS: f64 = 5.0;
+const STALL_LOAD: f64 = 1.2;
+/// Cycles of a level before a jump over it can be a stall.
+const STALL_MIN_CYCLES: usize = 3;
+/// Stall cycles in a row before the next is judged as harm: the disk that stays slow has a
+/// new knee, and the cut it needs waits at most this long.
+const STALL_MAX_RUN: usize = 2;
+
 /// Consecutive cycles under a quarter of its cap before a cap is lifted.
 pub const QUIET_CYCLES: u32 = 2;
 /// Consecutive violating cycles, with nobody else loading the device, before a latency
@@ -286,8 +307,13 @@ struct DeviceHistory {
     /// Victims told `slo_infeasible` in their current violation.
     told_infeasible: Vec<ServiceId>,
     /// The worst latency service's p99.9 as a fraction of its target, per cycle, the last
-    /// [`NOISE_WINDOW`] cycles.
+    /// [`NOISE_WINDOW`] cycles (stalls left out).
     fractions: VecDeque<(u64, f64)>,
+    /// What the device carried per cycle, the last [`NOISE_WINDOW`] cycles: the level a
+    /// stall is judged against.
+    loads: VecDeque<DeviceLoad>,
+    /// Cycles judged stalls of the disk, the last [`NOISE_WINDOW`] cycles' worth.
+    stalls: VecDeque<u64>,
     /// Sigma of the log of the per-cycle p99.9 under one cap, smoothed (None: not yet
     /// measured; [`DEFAULT_NOISE_SIGMA`]).
     noise_sigma: Option<f64>,
@@ -306,6 +332,31 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
+}
+
+/// One cycle of a device as a stall is judged against it.
+#[derive(Debug, Clone, Copy)]
+struct DeviceLoad {
+    cycle: u64,
+    /// Every service's bytes/s and IOPS together.
+    bps: f64,
+    iops: f64,
+    /// The sum of the bandwidth caps, when every cap bound (the capped rates were fixed).
+    binding_caps: Option<u64>,
+    /// The worst p99.9 fraction (0 without a judged latency service); None for a stall.
+    worst: Option<f64>,
+}
+
+impl DeviceLoad {
+    fn of(d: &DeviceCycle, binding: bool, worst: f64) -> DeviceLoad {
+        DeviceLoad {
+            cycle: d.cycle,
+            bps: d.services.iter().map(ServiceLoad::bps).sum(),
+            iops: d.services.iter().map(|s| s.read_iops + s.write_iops).sum(),
+            binding_caps: binding.then(|| capped_total(d).0),
+            worst: Some(worst),
+        }
+    }
 }
 
 /// A device's services' rates (bytes/s) in its last recorded cycle before this one and in
@@ -348,8 +399,68 @@ impl RecentRates {
 }
 
 impl DeviceHistory {
-    /// Records a cycle whose worst p99.9 fraction is `worst`.
-    fn record(&mut self, d: &DeviceCycle, worst: f64) {
+    /// Whether this cycle (`now`, not yet recorded) is a stall of the disk: a violation
+    /// [`STALL_FACTOR`] over the level of the recent cycles whose caps all bound at the same
+    /// or a higher total, with nobody pushing more than then, and no more than
+    /// [`STALL_MAX_RUN`] such cycles in a row. Returns the level (a fraction of the target).
+    fn stall(&self, now: &DeviceLoad) -> Option<f64> {
+        let caps = now.binding_caps?;
+        let worst = now.worst.filter(|&w| w > 1.0)?;
+        // The violating cycles just before this one: all stalls, and not too many.
+        let run = (1..)
+            .take_while(|k| self.violations.contains(&now.cycle.wrapping_sub(*k)))
+            .count();
+        let run_all_stalls = (1..=run as u64).all(|k| self.stalls.contains(&(now.cycle - k)));
+        if run >= STALL_MAX_RUN || !run_all_stalls {
+            return None;
+        }
+        let level: Vec<&DeviceLoad> = self
+            .loads
+            .iter()
+            .filter(|l| {
+                l.binding_caps.is_some_and(|c| c >= caps) && l.worst.is_some_and(|w| w > 0.0)
+            })
+            .collect();
+        if level.len() < STALL_MIN_CYCLES {
+            return None;
+        }
+        let n = level.len() as f64;
+        let mean = level
+            .iter()
+            .map(|l| l.worst.unwrap_or(1.0).ln())
+            .sum::<f64>()
+            / n;
+        let max_bps = level.iter().map(|l| l.bps).fold(0.0, f64::max);
+        let max_iops = level.iter().map(|l| l.iops).fold(0.0, f64::max);
+        let jump = worst.ln() - mean;
+        (jump >= STALL_FACTOR.ln().max(STALL_SIGMAS * self.sigma())
+            && now.bps <= STALL_LOAD * max_bps
+            && now.iops <= STALL_LOAD * max_iops)
+            .then(|| mean.exp())
+    }
+
+    /// Records a cycle whose worst p99.9 fraction is `worst` (`load.worst`; None: a stall,
+    /// kept out of the level and the scatter).
+    fn record(&mut self, d: &DeviceCycle, load: DeviceLoad) {
+        let worst = load.worst.unwrap_or(0.0);
+        if load.worst.is_none() {
+            self.stalls.push_back(d.cycle);
+        }
+        self.loads.push_back(load);
+        while self
+            .loads
+            .front()
+            .is_some_and(|l| l.cycle + NOISE_WINDOW <= d.cycle)
+        {
+            self.loads.pop_front();
+        }
+        while self
+            .stalls
+            .front()
+            .is_some_and(|&c| c + NOISE_WINDOW <= d.cycle)
+        {
+            self.stalls.pop_front();
+        }
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -360,7 +471,9 @@ impl DeviceHistory {
         {
             self.violations.pop_front();
         }
-        if worst > self.near_miss() || self.violations.back() == Some(&d.cycle) {
+        if load.worst.is_none_or(|w| w > self.near_miss())
+            || self.violations.back() == Some(&d.cycle)
+        {
             self.last_near = Some(d.cycle);
         }
         if worst > 0.0 {
@@ -740,7 +853,12 @@ impl Adaptive {
             // reason to give up bandwidth. Only violations under this cap count (a failed
             // probe's are the probe's).
             let from = window_start(a);
-            let under_cap = h.violations.iter().filter(|&&c| c >= from).count();
+            // Stalls of the disk are no verdict on the cap.
+            let under_cap = h
+                .violations
+                .iter()
+                .filter(|&&c| c >= from && !h.stalls.contains(&c))
+                .count();
             // On a plateau two violations in ten are the disk's own scatter (a cut would
             // not lower the p99.9), three are not.
             let plateau = self
@@ -1262,12 +1380,20 @@ impl Policy for Adaptive {
                 .all(|(s, cap)| s.bps() >= cap as f64 * BINDING);
         self.rates.entry(d.dev).or_default().record(d);
         let h = self.devices.entry(d.dev).or_default();
-        h.record(d, worst);
+        let mut load = DeviceLoad::of(d, binding, worst);
+        // Judged before any service is, and by no probe in progress (a raise that broke
+        // is the raise's fault).
+        let stall = h.stall(&load).filter(|_| self.probing(d).is_none());
+        let h = self.devices.entry(d.dev).or_default();
+        if stall.is_some() {
+            load.worst = None;
+        }
+        h.record(d, load);
         if !binding {
             h.unsteady_at = d.cycle;
         }
         h.measure_noise(last_change.max(h.unsteady_at + 1));
-        if worst > 0.0 {
+        if worst > 0.0 && stall.is_none() {
             for s in &d.services {
                 let Some(cap) = s.limit.total_bps().filter(|_| d.cycle >= window_start(s)) else {
                     continue;
@@ -1279,13 +1405,35 @@ impl Policy for Adaptive {
                 }
             }
         }
-        self.record_latency(d);
+        if stall.is_none() {
+            self.record_latency(d);
+        }
         self.confirm(d);
         let victim = d
             .services
             .iter()
             .filter(|s| s.violating())
             .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
+        // The latency service furthest over its target names the stall.
+        let stalled = d.services.iter().max_by(|a, b| {
+            let f = |s: &ServiceLoad| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64);
+            f(a).unwrap_or(0.0).total_cmp(&f(b).unwrap_or(0.0))
+        });
+        if let (Some(level), Some(v)) = (stall, stalled) {
+            self.findings.push(Finding::DiskStall {
+                service: v.id,
+                dev: d.dev,
+                cycle: d.cycle,
+                p999_ns: v.judged_p999(),
+                slo_p999_ns: v.slo_ns(),
+                level,
+                others_bps: d.services.iter().filter(|s| s.id != v.id).map(|s| s.bps()).sum(),
+                action: format!(
+                    "no cut: counted against the one-in-{NOISE_WINDOW} budget; a cycle like it after {STALL_MAX_RUN} in a row is judged as harm"
+                ),
+            });
+            return vec![];
+        }
         let Some(victim) = victim else {
             let h = self.devices.entry(d.dev).or_default();
             h.alone = None;

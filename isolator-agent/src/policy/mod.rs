@@ -335,12 +335,28 @@ pub enum Finding {
         action: String,
         reason: String,
     },
+    /// A latency service over its target in a cycle the disk stalled: far over the level the
+    /// same caps gave in the last cycles, with nobody pushing more than then. No cap made it;
+    /// no cut would help.
+    DiskStall {
+        service: ServiceId,
+        dev: u32,
+        cycle: u64,
+        p999_ns: Option<u64>,
+        slo_p999_ns: Option<u64>,
+        /// The worst p99.9 the same or higher caps gave, as a fraction of its target.
+        level: f64,
+        /// Everyone else's rate on the device this cycle.
+        others_bps: f64,
+        /// What the policy does about it.
+        action: String,
+    },
 }
 
 impl Finding {
     pub fn service(&self) -> ServiceId {
         match self {
-            Finding::SloInfeasible { service, .. } => *service,
+            Finding::SloInfeasible { service, .. } | Finding::DiskStall { service, .. } => *service,
         }
     }
 }

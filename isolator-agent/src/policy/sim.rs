@@ -133,6 +133,9 @@ pub struct SimDisk {
     /// quiet at this fraction of it (0.8-1.2 of the fraction). Over the knee (others over
     /// 600 MB/s) the writer leaves no gaps: every cycle is a burst.
     pub noise_bursts: Option<(f64, f64)>,
+    /// A stall of the disk: this much added to every latency service's p99.9 whatever the
+    /// load (the device completes nothing for a while; no cap shortens that).
+    pub stall_ns: f64,
     /// The previous cycle's bulk rates, for the transition cycle.
     prev_rates: Vec<f64>,
 }
@@ -147,6 +150,7 @@ impl SimDisk {
             noise_seed: None,
             noise_sigma: None,
             noise_bursts: None,
+            stall_ns: 0.0,
             prev_rates: vec![0.0; n],
         }
     }
@@ -245,7 +249,8 @@ impl SimDisk {
                     let p999 = (0.43e6
                         + interference_ns(others_bps, self.knee_scale)
                         + (s.qd - 1.0) * 0.1e6)
-                        * self.noise(i, others_bps);
+                        * self.noise(i, others_bps)
+                        + self.stall_ns;
                     let mean = 0.08e6 + p999 / 20.0;
                     let mut iops = s.qd / (mean / 1e9);
                     if let Some(c) = s.limit.riops {
@@ -592,19 +597,18 @@ mod tests {
         }
     }
 
-    /// A stall of the disk (every cap breaks the SLO for six cycles) leaves a knee far
-    /// under the real one. Once the reads run far under their target again, the cap climbs
-    /// back in growing steps: the writer is back at 85 % of its rate before the stall within
-    /// 25 cycles of its end, ten of them the wait out of its violations (seen on the test
-    /// disk, BENCHMARKS run R: a stall set a knee at 51 MB/s where a static 300 held, and
+    /// A slow spell of the disk (every cap breaks the SLO for six cycles; the first two
+    /// pass as stalls, the next four cut) leaves a knee far under the real one. Once the
+    /// reads run far under their target again, the cap climbs back in growing steps: the
+    /// writer is back at 85 % of its rate before the spell within 30 cycles of its end, ten
+    /// of them the wait out of its violations and six the half-way probes up to the
+    /// spell's knee (seen on the test disk, BENCHMARKS run R: a stall set a knee at 51 MB/s where a static 300 held, and
     /// raises of 10-25 % every three cycles with the reads at a fifth of their target left
     /// the writer at 15 % of the best static cap).
     #[test]
     fn adaptive_climbs_back_in_growing_steps_from_a_knee_a_stall_of_the_disk_set() {
-        const BACK_WITHIN: u64 = 25;
-        // (Seed 2's stall takes a decisive cut to 15 MB/s, and the search approaches the
-        // stall's knee half-way at a time; seed 3's stall cuts only to 70 %.)
-        for seed in [None, Some(1)] {
+        const BACK_WITHIN: u64 = 30;
+        for seed in [None, Some(1), Some(2), Some(3)] {
             // A 10 ms target: the reader runs at under a third of it on the curve's plateau.
             let mut disk = noisy_pair(10.0);
             disk.noise_seed = seed;
@@ -635,7 +639,7 @@ mod tests {
                 high / MB
             );
             assert!(
-                low < 0.5 * settled,
+                low < 0.8 * settled,
                 "noise {seed:?}: the stall cut nothing ({:.0} of {:.0} MB/s)",
                 low / MB,
                 settled / MB
@@ -667,6 +671,92 @@ mod tests {
                 "noise {seed:?}: {violations} violating cycles in the 45 after the stall"
             );
         }
+    }
+
+    /// Stalls of the disk (one or two cycles at 30 ms against a 5 ms target, every ten
+    /// cycles, the writer's rate unchanged) are no verdict on the cap: each is counted and
+    /// told (`disk_stall`), none is cut for, and the writer keeps its rate through the train
+    /// (seen on the test disk, BENCHMARKS run S: PostgreSQL's reads at 145 ms one or two
+    /// cycles in every eight, and each second one in ten cut the writer by 30 %, 232 -> 41
+    /// MB/s, for stalls as long at 41 as at 232).
+    #[test]
+    fn adaptive_cuts_nothing_for_stalls_of_the_disk() {
+        for seed in [None, Some(1), Some(2), Some(3)] {
+            let mut disk = noisy_pair(5.0);
+            disk.noise_seed = seed;
+            let mut p = Adaptive::default();
+            let before = disk.run(&mut p, 100);
+            p.findings();
+            let rate = |h: &[(DeviceCycle, Vec<Decision>)]| {
+                h.iter().map(|(c, _)| c.services[1].bps()).sum::<f64>() / h.len() as f64
+            };
+            let settled = rate(&before[60..]);
+            let mut train = vec![];
+            let mut stalled = vec![];
+            let mut told = 0;
+            for len in [1, 2, 1, 2] {
+                disk.stall_ns = 30e6;
+                for _ in 0..len {
+                    stalled.push(disk.cycle);
+                    train.extend(disk.run(&mut p, 1));
+                    told += p
+                        .findings()
+                        .iter()
+                        .filter(|f| matches!(f, Finding::DiskStall { .. }))
+                        .count();
+                }
+                disk.stall_ns = 0.0;
+                train.extend(disk.run(&mut p, 10 - len));
+                assert!(p.findings().is_empty());
+            }
+            trace(&format!("stalls, noise {seed:?}"), &train);
+            let violating = violating_cycles(&train, "reader");
+            let others: Vec<_> = violating.iter().filter(|c| !stalled.contains(c)).collect();
+            let cut_in_stall = train
+                .iter()
+                .filter(|(c, d)| stalled.contains(&c.cycle) && !d.is_empty())
+                .count();
+            println!(
+                "noise {seed:?}: {:.0} MB/s before the stalls, {:.0} through them; violations {violating:?}, stalls {stalled:?}, told {told}",
+                settled / MB,
+                rate(&train) / MB
+            );
+            assert!(
+                stalled.iter().all(|c| violating.contains(c)),
+                "noise {seed:?}: a stall broke nothing"
+            );
+            assert_eq!(
+                cut_in_stall, 0,
+                "noise {seed:?}: a stall cycle changed a cap"
+            );
+            assert_eq!(told, stalled.len(), "noise {seed:?}: stalls told");
+            assert!(
+                others.len() * 10 <= train.len(),
+                "noise {seed:?}: violations besides the stalls: {others:?}"
+            );
+            assert!(
+                rate(&train) >= 0.9 * settled,
+                "noise {seed:?}: {:.0} MB/s through the stalls, under 90 % of {:.0}",
+                rate(&train) / MB,
+                settled / MB
+            );
+        }
+    }
+
+    /// A disk that stays slow after two stall-like cycles has a new knee: the third cycle
+    /// is judged as harm, and the cap comes down.
+    #[test]
+    fn a_stall_that_lasts_is_judged_as_harm_on_its_third_cycle() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        disk.stall_ns = 30e6;
+        let h = disk.run(&mut p, 3);
+        assert!(h[..2].iter().all(|(_, d)| d.is_empty()), "{h:?}");
+        let d = &h[2].1;
+        assert_eq!(d.len(), 1, "the third cycle of the stall cut nothing");
+        assert!(d[0].to.unwrap() < cap, "{cap} -> {:?}", d[0].to);
     }
 
     /// The knobs a bandwidth cap sets add up to the cap to the byte, for an existing cap on
@@ -926,7 +1016,10 @@ mod tests {
             ref reason,
             ref action,
             ..
-        } = findings[0];
+        } = findings[0]
+        else {
+            panic!("not slo_infeasible: {findings:?}");
+        };
         assert_eq!(cycle, u64::from(adaptive::SELF_BLAME_CYCLES) - 1);
         assert_eq!(slo_p999_ns, Some(300_000));
         assert!(p999_ns.unwrap() > 300_000);
@@ -948,7 +1041,9 @@ mod tests {
             disk.apply(&d);
         }
         assert_eq!(findings.len(), 1, "{findings:?}");
-        let Finding::SloInfeasible { ref reason, .. } = findings[0];
+        let Finding::SloInfeasible { ref reason, .. } = findings[0] else {
+            panic!("not slo_infeasible: {findings:?}");
+        };
         assert!(reason.contains("floor"), "{reason}");
     }
 

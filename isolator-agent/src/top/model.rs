@@ -449,6 +449,29 @@ impl Model {
                 );
                 self.push_action(a);
             }
+            Event::DiskStall(f) => {
+                let ms = |ns: Option<u64>| {
+                    ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6))
+                };
+                let text = format!(
+                    "{} stalled {}: p99.9 {} over {} where the same caps gave {}, others at {:.0} MB/s; {}",
+                    f.dev,
+                    f.service,
+                    ms(f.p999_ns),
+                    ms(f.slo_p999_ns),
+                    ms(f.level_p999_ns),
+                    f.others_bps / 1e6,
+                    f.action
+                );
+                let a = action(
+                    ActionKind::Warning,
+                    Some(f.cycle),
+                    Some(f.service.clone()),
+                    vec![],
+                    text,
+                );
+                self.push_action(a);
+            }
             Event::LabelSlo(l) => {
                 if l.outcome == "released" {
                     if let Some(s) = &l.service {
