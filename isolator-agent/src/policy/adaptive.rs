@@ -35,10 +35,11 @@
 //! - A cap the aggressor no longer uses (under a quarter of it for [`QUIET_CYCLES`]) is
 //!   lifted, the knee remembered for its return.
 //! - A violation [`STALL_FACTOR`] over the level the same or higher caps gave in the last
-//!   [`NOISE_WINDOW`] cycles, with nobody pushing more than then, is the disk stalling, not
-//!   a cap too high: it counts in the budget but cuts nothing (a `disk_stall` notice), and
-//!   its cycle stays out of the scatter, the window p99.9 and the fit. A third such cycle in
-//!   a row is judged as harm.
+//!   [`NOISE_WINDOW`] cycles, with no service pushing more than then, is the disk stalling,
+//!   not a cap too high: it holds back raises like any violation but cuts nothing (a
+//!   `disk_stall` notice), and its cycle stays out of the scatter, the window p99.9 and the
+//!   fit. After [`STALL_MAX_RUN`] in a row or [`STALL_MAX_WINDOW`] in ten, violations
+//!   are judged as harm again, the stalls with them.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
 //!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
@@ -173,11 +174,22 @@ const FUTILE_SLOPE: f64 = 0.5;
 const STALL_FACTOR: f64 = 3.0;
 const STALL_SIGMAS: f64 = 5.0;
 const STALL_LOAD: f64 = 1.2;
+/// Slack on [`STALL_LOAD`] for a service that ran little or not at all in those cycles: a
+/// logger's trickle is no new load.
+const STALL_SLACK_BPS: f64 = 1e6;
+const STALL_SLACK_IOPS: f64 = 50.0;
 /// Cycles of a level before a jump over it can be a stall.
 const STALL_MIN_CYCLES: usize = 3;
 /// Stall cycles in a row before the next is judged as harm: the disk that stays slow has a
 /// new knee, and the cut it needs waits at most this long.
 const STALL_MAX_RUN: usize = 2;
+/// Stall cycles in the last [`NOISE_WINDOW`] before the next is judged as harm: harm that
+/// comes and goes under a binding cap (a burst of another kind of I/O at the same rate)
+/// must not pass as stalls for ever. Then the stalls count against the cap too.
+const STALL_MAX_WINDOW: usize = 3;
+/// Share of its cap over which a capped service's cycle is not one of a fixed rate (a
+/// transition cycle still running an old, higher cap's rate).
+const STALL_OVER_CAP: f64 = 1.05;
 
 /// Consecutive cycles under a quarter of its cap before a cap is lifted.
 pub const QUIET_CYCLES: u32 = 2;
@@ -335,27 +347,60 @@ struct DeviceHistory {
 }
 
 /// One cycle of a device as a stall is judged against it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct DeviceLoad {
     cycle: u64,
-    /// Every service's bytes/s and IOPS together.
-    bps: f64,
-    iops: f64,
-    /// The sum of the bandwidth caps, when every cap bound (the capped rates were fixed).
-    binding_caps: Option<u64>,
+    /// Each service's (id, bytes/s, IOPS), by id.
+    rates: Vec<(ServiceId, f64, f64)>,
+    /// The sum of the bandwidth caps, when every capped service ran at its cap (0.8 to
+    /// 1.05 of it) in a full cycle under it: the capped rates were fixed.
+    fixed_caps: Option<u64>,
     /// The worst p99.9 fraction (0 without a judged latency service); None for a stall.
     worst: Option<f64>,
 }
 
 impl DeviceLoad {
-    fn of(d: &DeviceCycle, binding: bool, worst: f64) -> DeviceLoad {
+    fn of(d: &DeviceCycle, worst: f64) -> DeviceLoad {
+        let mut rates: Vec<_> = d
+            .services
+            .iter()
+            .map(|s| (s.id, s.bps(), s.read_iops + s.write_iops))
+            .collect();
+        rates.sort_by_key(|r| r.0);
+        let mut capped = d
+            .services
+            .iter()
+            .filter_map(|s| Some((s, s.limit.total_bps()?)))
+            .peekable();
+        let fixed = capped.peek().is_some()
+            && capped.all(|(s, cap)| {
+                let r = s.bps() / cap as f64;
+                (BINDING..=STALL_OVER_CAP).contains(&r) && d.cycle >= window_start(s)
+            });
         DeviceLoad {
             cycle: d.cycle,
-            bps: d.services.iter().map(ServiceLoad::bps).sum(),
-            iops: d.services.iter().map(|s| s.read_iops + s.write_iops).sum(),
-            binding_caps: binding.then(|| capped_total(d).0),
+            rates,
+            fixed_caps: fixed.then(|| capped_total(d).0),
             worst: Some(worst),
         }
+    }
+
+    /// Whether some service pushes more bytes or IOPS here than [`STALL_LOAD`] times the
+    /// most it pushed in `level` (with a little slack for one that ran little or not at all).
+    fn pushes_more_than(&self, level: &[&DeviceLoad]) -> bool {
+        self.rates.iter().any(|&(id, bps, iops)| {
+            let (max_bps, max_iops) = level
+                .iter()
+                .filter_map(|l| {
+                    let i = l.rates.binary_search_by_key(&id, |r| r.0).ok()?;
+                    Some((l.rates[i].1, l.rates[i].2))
+                })
+                .fold((0.0, 0.0), |(b, i), (lb, li)| {
+                    (f64::max(b, lb), f64::max(i, li))
+                });
+            bps > STALL_LOAD * max_bps + STALL_SLACK_BPS
+                || iops > STALL_LOAD * max_iops + STALL_SLACK_IOPS
+        })
     }
 }
 
@@ -400,26 +445,29 @@ impl RecentRates {
 
 impl DeviceHistory {
     /// Whether this cycle (`now`, not yet recorded) is a stall of the disk: a violation
-    /// [`STALL_FACTOR`] over the level of the recent cycles whose caps all bound at the same
-    /// or a higher total, with nobody pushing more than then, and no more than
-    /// [`STALL_MAX_RUN`] such cycles in a row. Returns the level (a fraction of the target).
+    /// [`STALL_FACTOR`] over the level of the recent cycles whose caps were fixed at the
+    /// same or a higher total, with no service pushing more than then, outside an episode's
+    /// start, and no more than [`STALL_MAX_RUN`] such cycles in a row and
+    /// [`STALL_MAX_WINDOW`] in ten. Returns the level (a fraction of the target).
     fn stall(&self, now: &DeviceLoad) -> Option<f64> {
-        let caps = now.binding_caps?;
+        let caps = now.fixed_caps?;
         let worst = now.worst.filter(|&w| w > 1.0)?;
-        // The violating cycles just before this one: all stalls, and not too many.
+        // An aggressor's arrival, its first cut and that cut's first cycle are its own.
+        if now.cycle <= self.episode_until + 2 || !self.stalls_excused(now.cycle) {
+            return None;
+        }
+        // The violating cycles just before this one: all stalls (a stall does not follow
+        // harm).
         let run = (1..)
             .take_while(|k| self.violations.contains(&now.cycle.wrapping_sub(*k)))
             .count();
-        let run_all_stalls = (1..=run as u64).all(|k| self.stalls.contains(&(now.cycle - k)));
-        if run >= STALL_MAX_RUN || !run_all_stalls {
+        if run > self.stall_run(now.cycle) {
             return None;
         }
         let level: Vec<&DeviceLoad> = self
             .loads
             .iter()
-            .filter(|l| {
-                l.binding_caps.is_some_and(|c| c >= caps) && l.worst.is_some_and(|w| w > 0.0)
-            })
+            .filter(|l| l.fixed_caps.is_some_and(|c| c >= caps) && l.worst.is_some_and(|w| w > 0.0))
             .collect();
         if level.len() < STALL_MIN_CYCLES {
             return None;
@@ -430,20 +478,37 @@ impl DeviceHistory {
             .map(|l| l.worst.unwrap_or(1.0).ln())
             .sum::<f64>()
             / n;
-        let max_bps = level.iter().map(|l| l.bps).fold(0.0, f64::max);
-        let max_iops = level.iter().map(|l| l.iops).fold(0.0, f64::max);
         let jump = worst.ln() - mean;
         (jump >= STALL_FACTOR.ln().max(STALL_SIGMAS * self.sigma())
-            && now.bps <= STALL_LOAD * max_bps
-            && now.iops <= STALL_LOAD * max_iops)
-            .then(|| mean.exp())
+            && !now.pushes_more_than(&level))
+        .then(|| mean.exp())
+    }
+
+    /// The stall cycles in a row just before `cycle`.
+    fn stall_run(&self, cycle: u64) -> usize {
+        (1..)
+            .take_while(|k| self.stalls.contains(&cycle.wrapping_sub(*k)))
+            .count()
+    }
+
+    /// Whether the stalls in the window are still excused from the verdict on a cap in
+    /// `cycle`: fewer than [`STALL_MAX_RUN`] in a row just before it and
+    /// [`STALL_MAX_WINDOW`] in the window. Past that, they are harm like any violation.
+    fn stalls_excused(&self, cycle: u64) -> bool {
+        let in_window = self
+            .stalls
+            .iter()
+            .filter(|&&c| c + NOISE_WINDOW > cycle)
+            .count();
+        self.stall_run(cycle) < STALL_MAX_RUN && in_window < STALL_MAX_WINDOW
     }
 
     /// Records a cycle whose worst p99.9 fraction is `worst` (`load.worst`; None: a stall,
     /// kept out of the level and the scatter).
     fn record(&mut self, d: &DeviceCycle, load: DeviceLoad) {
+        let stall = load.worst.is_none();
         let worst = load.worst.unwrap_or(0.0);
-        if load.worst.is_none() {
+        if stall {
             self.stalls.push_back(d.cycle);
         }
         self.loads.push_back(load);
@@ -471,9 +536,7 @@ impl DeviceHistory {
         {
             self.violations.pop_front();
         }
-        if load.worst.is_none_or(|w| w > self.near_miss())
-            || self.violations.back() == Some(&d.cycle)
-        {
+        if stall || worst > self.near_miss() || self.violations.back() == Some(&d.cycle) {
             self.last_near = Some(d.cycle);
         }
         if worst > 0.0 {
@@ -680,8 +743,9 @@ impl Adaptive {
             .filter(|&(r, _)| r < LATENCY_RANK || d.throttle_wait_timed)
     }
 
-    fn record_latency(&mut self, d: &DeviceCycle) {
-        for s in &d.services {
+    /// Records the latency services' histograms (none from a stall).
+    fn record_latency(&mut self, d: &DeviceCycle, stall: bool) {
+        for s in d.services.iter().filter(|_| !stall) {
             let Some(slo) = s.slo_ns() else { continue };
             let w = self.latency.entry((d.dev, s.id)).or_default();
             w.push_back((d.cycle, s.latency_hist.clone(), s.samples, slo));
@@ -853,11 +917,12 @@ impl Adaptive {
             // reason to give up bandwidth. Only violations under this cap count (a failed
             // probe's are the probe's).
             let from = window_start(a);
-            // Stalls of the disk are no verdict on the cap.
+            // Stalls of the disk are no verdict on the cap, while they are few.
+            let excused = h.stalls_excused(d.cycle);
             let under_cap = h
                 .violations
                 .iter()
-                .filter(|&&c| c >= from && !h.stalls.contains(&c))
+                .filter(|&&c| c >= from && !(excused && h.stalls.contains(&c)))
                 .count();
             // On a plateau two violations in ten are the disk's own scatter (a cut would
             // not lower the p99.9), three are not.
@@ -1380,7 +1445,7 @@ impl Policy for Adaptive {
                 .all(|(s, cap)| s.bps() >= cap as f64 * BINDING);
         self.rates.entry(d.dev).or_default().record(d);
         let h = self.devices.entry(d.dev).or_default();
-        let mut load = DeviceLoad::of(d, binding, worst);
+        let mut load = DeviceLoad::of(d, worst);
         // Judged before any service is, and by no probe in progress (a raise that broke
         // is the raise's fault).
         let stall = h.stall(&load).filter(|_| self.probing(d).is_none());
@@ -1405,9 +1470,7 @@ impl Policy for Adaptive {
                 }
             }
         }
-        if stall.is_none() {
-            self.record_latency(d);
-        }
+        self.record_latency(d, stall.is_some());
         self.confirm(d);
         let victim = d
             .services
@@ -1429,7 +1492,7 @@ impl Policy for Adaptive {
                 level,
                 others_bps: d.services.iter().filter(|s| s.id != v.id).map(|s| s.bps()).sum(),
                 action: format!(
-                    "no cut: counted against the one-in-{NOISE_WINDOW} budget; a cycle like it after {STALL_MAX_RUN} in a row is judged as harm"
+                    "no cut: a violation that holds back raises while it is in the last {NOISE_WINDOW} cycles, but no verdict on the caps; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW} in {NOISE_WINDOW} cycles, violations are judged as harm again"
                 ),
             });
             return vec![];

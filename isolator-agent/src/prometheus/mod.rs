@@ -55,6 +55,7 @@ pub fn wants(e: &Event) -> bool {
             | Event::ServiceStats(_)
             | Event::Decision(_)
             | Event::ViolationStart(_)
+            | Event::DiskStall(_)
             | Event::Warning(_)
             | Event::Error(_)
             | Event::DockerConnected(_)

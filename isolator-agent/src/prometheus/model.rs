@@ -38,8 +38,8 @@ pub const DEFAULT_MAX_SERIES: usize = 50_000;
 /// and its samples, two in-flight gauges.
 pub const CGROUP_SERIES: usize = 2 * (SLOTS + 2) + 3 + 3 + 2 + 2;
 /// Series a (service, disk) may take: those of a cgroup, p99.9 with its samples and window,
-/// three states, four limits and the violations counter.
-pub const SERVICE_SERIES: usize = CGROUP_SERIES + 3 + 3 + 4 + 1;
+/// three states, four limits, the violations counter and the stalls counter.
+pub const SERVICE_SERIES: usize = CGROUP_SERIES + 3 + 3 + 4 + 1 + 1;
 
 /// Most distinct warning/error codes counted; codes beyond are counted as `other` (codes
 /// are a fixed set in the agent; this only guards the exposition against a bug).
@@ -158,6 +158,8 @@ pub struct ServiceSeries {
     /// the cycle's applied decisions on top.
     pub limit: IoMaxLimit,
     pub violations: u64,
+    /// Cycles over its SLO the policy judged stalls of the disk (`disk_stall`).
+    pub stalls: u64,
     /// The character over its window, as the last `service_stats` gave it.
     pub character: Option<Character>,
     idle_cycles: u32,
@@ -493,6 +495,7 @@ impl Model {
                     state: None,
                     limit: IoMaxLimit::default(),
                     violations: 0,
+                    stalls: 0,
                     character: None,
                     idle_cycles: 0,
                     reported: false,
@@ -544,6 +547,11 @@ impl Model {
             Event::ViolationStart(v) => {
                 if let Some(s) = self.services.get_mut(&(v.service.clone(), v.dev.clone())) {
                     s.violations += 1;
+                }
+            }
+            Event::DiskStall(st) => {
+                if let Some(s) = self.services.get_mut(&(st.service.clone(), st.dev.clone())) {
+                    s.stalls += 1;
                 }
             }
             Event::CgroupGone(g) => {
@@ -866,6 +874,11 @@ pub(crate) mod tests {
                 dev: "254:0".into(),
                 ..Default::default()
             }),
+            Event::DiskStall(crate::events::DiskStall {
+                service: "db".into(),
+                dev: "254:0".into(),
+                ..Default::default()
+            }),
         ];
         let deltas = vec![
             delta(7, OP_READ, 100, 200_000, 0),
@@ -882,6 +895,7 @@ pub(crate) mod tests {
         );
         assert_eq!(db.state, Some(State::Violating));
         assert_eq!(db.violations, 1);
+        assert_eq!(db.stalls, 1);
         // The cgroups carry their service.
         assert!(cgroup(&m, "/db-b")
             .labels

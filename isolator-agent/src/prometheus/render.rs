@@ -612,6 +612,18 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
     )?;
     family(
         enc,
+        "isolator_service_disk_stalls",
+        "Cycles over its SLO on the disk that the policy judged stalls of the disk and cut nothing for (disk_stall).",
+        Counter,
+        |f| {
+            for s in services() {
+                counter(f, &s.labels.as_slice(), s.stalls)?;
+            }
+            Ok(())
+        },
+    )?;
+    family(
+        enc,
         "isolator_service_decisions",
         "Limit and weight decisions on the service, by knob, reason (protect, cap, relax, remove, weight) and whether they were applied.",
         Counter,
