@@ -11,7 +11,7 @@
 //! (fio, 1 MiB sequential O_DIRECT writes at QD32) runs in the `backup` cgroup
 //! (best-effort, 20 MB/s floor).
 //!
-//! The agent's target for the `db` service is for its block I/O: two thirds of the
+//! The agent's target for the `db` service is for its block I/O: 0.8 of the
 //! transaction SLO (a transaction waits on more than one read, and queues behind slow ones;
 //! `postgres::IO_SHARE`).
 //! The verdict is pgbench's own: the p99.9 of the transactions it scheduled in each of ten

@@ -15,7 +15,7 @@
 //! (see `isolator_tests::postgres`), judged on pgbench's own log: its p99.9 per 2.5 s window
 //! of the steady phase against an SLO of 4x its p99.9 alone (calibrated once per run of the
 //! benchmark), at most one window in five over; the agent's target for the database's
-//! block I/O is two thirds of that (`postgres::IO_SHARE`).
+//! block I/O is 0.8 of that (`postgres::IO_SHARE`).
 //!
 //! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
 //! `isolator_tests::vm_scenario`), judged the same way from the load generator's own log.

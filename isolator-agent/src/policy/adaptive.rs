@@ -456,14 +456,6 @@ impl DeviceHistory {
         if now.cycle <= self.episode_until + 2 || !self.stalls_excused(now.cycle) {
             return None;
         }
-        // The violating cycles just before this one: all stalls (a stall does not follow
-        // harm).
-        let run = (1..)
-            .take_while(|k| self.violations.contains(&now.cycle.wrapping_sub(*k)))
-            .count();
-        if run > self.stall_run(now.cycle) {
-            return None;
-        }
         let level: Vec<&DeviceLoad> = self
             .loads
             .iter()
