@@ -126,7 +126,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             cycle,
             p999_ns,
             slo_p999_ns,
-            level,
+            level_p999_ns,
             others_bps,
             action,
         } => Event::DiskStall(crate::events::DiskStall {
@@ -136,7 +136,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             policy: policy.into(),
             p999_ns,
             slo_p999_ns,
-            level_p999_ns: slo_p999_ns.map(|t| (t as f64 * level) as u64),
+            level_p999_ns,
             others_bps,
             action,
         }),

@@ -321,11 +321,6 @@ struct DeviceHistory {
     /// The worst latency service's p99.9 as a fraction of its target, per cycle, the last
     /// [`NOISE_WINDOW`] cycles (stalls left out).
     fractions: VecDeque<(u64, f64)>,
-    /// What the device carried per cycle, the last [`NOISE_WINDOW`] cycles: the level a
-    /// stall is judged against.
-    loads: VecDeque<DeviceLoad>,
-    /// Cycles judged stalls of the disk, the last [`NOISE_WINDOW`] cycles' worth.
-    stalls: VecDeque<u64>,
     /// Sigma of the log of the per-cycle p99.9 under one cap, smoothed (None: not yet
     /// measured; [`DEFAULT_NOISE_SIGMA`]).
     noise_sigma: Option<f64>,
@@ -346,12 +341,14 @@ struct DeviceHistory {
     total_knee: Option<Knee>,
 }
 
-/// One cycle of a device as a stall is judged against it.
+/// One cycle of a device as the policy saw it.
 #[derive(Debug, Clone)]
 struct DeviceLoad {
     cycle: u64,
     /// Each service's (id, bytes/s, IOPS), by id.
     rates: Vec<(ServiceId, f64, f64)>,
+    /// Something was capped and every capped service ran at [`BINDING`] of its cap or more.
+    binding: bool,
     /// The sum of the bandwidth caps, when every capped service ran at its cap (0.8 to
     /// 1.05 of it) in a full cycle under it: the capped rates were fixed.
     fixed_caps: Option<u64>,
@@ -367,22 +364,29 @@ impl DeviceLoad {
             .map(|s| (s.id, s.bps(), s.read_iops + s.write_iops))
             .collect();
         rates.sort_by_key(|r| r.0);
-        let mut capped = d
+        let capped: Vec<(&ServiceLoad, f64)> = d
             .services
             .iter()
-            .filter_map(|s| Some((s, s.limit.total_bps()?)))
-            .peekable();
-        let fixed = capped.peek().is_some()
-            && capped.all(|(s, cap)| {
-                let r = s.bps() / cap as f64;
-                (BINDING..=STALL_OVER_CAP).contains(&r) && d.cycle >= window_start(s)
-            });
+            .filter_map(|s| Some((s, s.bps() / s.limit.total_bps()? as f64)))
+            .collect();
+        let binding = !capped.is_empty() && capped.iter().all(|&(_, r)| r >= BINDING);
+        let fixed = binding
+            && capped
+                .iter()
+                .all(|&(s, r)| r <= STALL_OVER_CAP && d.cycle >= window_start(s));
         DeviceLoad {
             cycle: d.cycle,
             rates,
+            binding,
             fixed_caps: fixed.then(|| capped_total(d).0),
             worst: Some(worst),
         }
+    }
+
+    /// A service's (bytes/s, IOPS) in this cycle.
+    fn rate(&self, id: ServiceId) -> Option<(f64, f64)> {
+        let i = self.rates.binary_search_by_key(&id, |r| r.0).ok()?;
+        Some((self.rates[i].1, self.rates[i].2))
     }
 
     /// Whether some service pushes more bytes or IOPS here than [`STALL_LOAD`] times the
@@ -391,10 +395,7 @@ impl DeviceLoad {
         self.rates.iter().any(|&(id, bps, iops)| {
             let (max_bps, max_iops) = level
                 .iter()
-                .filter_map(|l| {
-                    let i = l.rates.binary_search_by_key(&id, |r| r.0).ok()?;
-                    Some((l.rates[i].1, l.rates[i].2))
-                })
+                .filter_map(|l| l.rate(id))
                 .fold((0.0, 0.0), |(b, i), (lb, li)| {
                     (f64::max(b, lb), f64::max(i, li))
                 });
@@ -404,62 +405,76 @@ impl DeviceLoad {
     }
 }
 
-/// A device's services' rates (bytes/s) in its last recorded cycle before this one and in
-/// this one, with those cycles (a device without I/O has no cycle). Apart from
+/// A device's recent cycles (a device without I/O has no cycle): every service's rates,
+/// for an arrival and for the level a stall is judged against. Apart from
 /// [`DeviceHistory`], which `relax` clones every cycle: these hold every service.
 #[derive(Debug, Default)]
-struct RecentRates {
-    before: Option<(u64, HashMap<ServiceId, f64>)>,
-    now: Option<(u64, HashMap<ServiceId, f64>)>,
+struct RecentLoads {
+    /// The last [`NOISE_WINDOW`] cycles, and at least the two last recorded.
+    cycles: VecDeque<DeviceLoad>,
 }
 
-impl RecentRates {
-    fn record(&mut self, d: &DeviceCycle) {
-        // The oldest map is refilled, not reallocated: it holds every service, each cycle.
-        let mut rates = self.before.take().map(|(_, m)| m).unwrap_or_default();
-        rates.clear();
-        rates.extend(d.services.iter().map(|s| (s.id, s.bps())));
-        self.before = self.now.replace((d.cycle, rates));
+impl RecentLoads {
+    fn record(&mut self, load: DeviceLoad) {
+        let now = load.cycle;
+        self.cycles.push_back(load);
+        while self.cycles.len() > 2
+            && self
+                .cycles
+                .front()
+                .is_some_and(|l| l.cycle + NOISE_WINDOW <= now)
+        {
+            self.cycles.pop_front();
+        }
     }
 
-    /// Whether uncapped `a` arrived in this cycle: it ran under half as fast (or not at
-    /// all) in the device's cycle before, so it ran only part of this one, and its mean
-    /// rate here understates what it does. Seen with PostgreSQL (BENCHMARKS run Q): a
-    /// writer that sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s in; taken
-    /// as the knee, that held the search under 124 MB/s where a static 300 held. (A valid
-    /// knee in the first full cycle after a partial one is lost the same way: the search
-    /// finds it again.)
+    /// Whether uncapped `a` arrived in this (just recorded) cycle: it ran under half as fast
+    /// (or not at all) in the device's cycle before, so it ran only part of this one, and
+    /// its mean rate here understates what it does. Seen with PostgreSQL (BENCHMARKS run
+    /// Q): a writer that sustains 3 GB/s broke the SLO in a cycle it averaged 124 MB/s in;
+    /// taken as the knee, that held the search under 124 MB/s where a static 300 held. (A
+    /// valid knee in the first full cycle after a partial one is lost the same way: the
+    /// search finds it again.)
     fn arriving(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
+        let before = self.cycles.len().checked_sub(2).map(|i| &self.cycles[i]);
         a.limit.is_unlimited()
-            && match &self.before {
+            && match before {
                 // The policy's first cycle on this device: nothing to compare with.
                 None => false,
-                Some((c, rates)) if c + 1 == d.cycle => {
-                    rates.get(&a.id).is_none_or(|&r| r < 0.5 * a.bps())
+                Some(l) if l.cycle + 1 == d.cycle => {
+                    l.rate(a.id).is_none_or(|(bps, _)| bps < 0.5 * a.bps())
                 }
                 // The device had no I/O in between.
                 Some(_) => true,
             }
     }
-}
 
-impl DeviceHistory {
+    fn is_stall(&self, cycle: u64) -> bool {
+        self.cycles
+            .iter()
+            .any(|l| l.cycle == cycle && l.worst.is_none())
+    }
+
     /// Whether this cycle (`now`, not yet recorded) is a stall of the disk: a violation
     /// [`STALL_FACTOR`] over the level of the recent cycles whose caps were fixed at the
     /// same or a higher total, with no service pushing more than then, outside an episode's
-    /// start, and no more than [`STALL_MAX_RUN`] such cycles in a row and
+    /// start (`h`), and no more than [`STALL_MAX_RUN`] such cycles in a row and
     /// [`STALL_MAX_WINDOW`] in ten. Returns the level (a fraction of the target).
-    fn stall(&self, now: &DeviceLoad) -> Option<f64> {
+    fn stall(&self, h: &DeviceHistory, now: &DeviceLoad) -> Option<f64> {
         let caps = now.fixed_caps?;
         let worst = now.worst.filter(|&w| w > 1.0)?;
         // An aggressor's arrival, its first cut and that cut's first cycle are its own.
-        if now.cycle <= self.episode_until + 2 || !self.stalls_excused(now.cycle) {
+        if now.cycle <= h.episode_until + 2 || !self.stalls_excused(now.cycle) {
             return None;
         }
         let level: Vec<&DeviceLoad> = self
-            .loads
+            .cycles
             .iter()
-            .filter(|l| l.fixed_caps.is_some_and(|c| c >= caps) && l.worst.is_some_and(|w| w > 0.0))
+            .filter(|l| {
+                l.cycle + NOISE_WINDOW > now.cycle
+                    && l.fixed_caps.is_some_and(|c| c >= caps)
+                    && l.worst.is_some_and(|w| w > 0.0)
+            })
             .collect();
         if level.len() < STALL_MIN_CYCLES {
             return None;
@@ -471,53 +486,32 @@ impl DeviceHistory {
             .sum::<f64>()
             / n;
         let jump = worst.ln() - mean;
-        (jump >= STALL_FACTOR.ln().max(STALL_SIGMAS * self.sigma())
-            && !now.pushes_more_than(&level))
-        .then(|| mean.exp())
-    }
-
-    /// The stall cycles in a row just before `cycle`.
-    fn stall_run(&self, cycle: u64) -> usize {
-        (1..)
-            .take_while(|k| self.stalls.contains(&cycle.wrapping_sub(*k)))
-            .count()
+        (jump >= STALL_FACTOR.ln().max(STALL_SIGMAS * h.sigma()) && !now.pushes_more_than(&level))
+            .then(|| mean.exp())
     }
 
     /// Whether the stalls in the window are still excused from the verdict on a cap in
     /// `cycle`: fewer than [`STALL_MAX_RUN`] in a row just before it and
     /// [`STALL_MAX_WINDOW`] in the window. Past that, they are harm like any violation.
     fn stalls_excused(&self, cycle: u64) -> bool {
-        let in_window = self
-            .stalls
-            .iter()
-            .filter(|&&c| c + NOISE_WINDOW > cycle)
+        let run = (1..)
+            .take_while(|&k| self.is_stall(cycle.wrapping_sub(k)))
             .count();
-        self.stall_run(cycle) < STALL_MAX_RUN && in_window < STALL_MAX_WINDOW
+        let in_window = self
+            .cycles
+            .iter()
+            .filter(|l| l.cycle + NOISE_WINDOW > cycle && l.worst.is_none())
+            .count();
+        run < STALL_MAX_RUN && in_window < STALL_MAX_WINDOW
     }
+}
 
-    /// Records a cycle whose worst p99.9 fraction is `worst` (`load.worst`; None: a stall,
+impl DeviceHistory {
+    /// Records a cycle whose worst p99.9 fraction is `worst` (None: a stall, a near miss
     /// kept out of the level and the scatter).
-    fn record(&mut self, d: &DeviceCycle, load: DeviceLoad) {
-        let stall = load.worst.is_none();
-        let worst = load.worst.unwrap_or(0.0);
-        if stall {
-            self.stalls.push_back(d.cycle);
-        }
-        self.loads.push_back(load);
-        while self
-            .loads
-            .front()
-            .is_some_and(|l| l.cycle + NOISE_WINDOW <= d.cycle)
-        {
-            self.loads.pop_front();
-        }
-        while self
-            .stalls
-            .front()
-            .is_some_and(|&c| c + NOISE_WINDOW <= d.cycle)
-        {
-            self.stalls.pop_front();
-        }
+    fn record(&mut self, d: &DeviceCycle, worst: Option<f64>) {
+        let stall = worst.is_none();
+        let worst = worst.unwrap_or(0.0);
         if d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
@@ -629,12 +623,13 @@ fn capped_total(d: &DeviceCycle) -> (u64, usize) {
         .fold((0, 0), |(sum, n), c| (sum.saturating_add(c), n + 1))
 }
 
-/// Worst p99.9 as a fraction of its target over the latency services (0 without any).
-fn worst_fraction(d: &DeviceCycle) -> f64 {
+/// The latency service furthest over (or nearest to) its target, and its p99.9 as a
+/// fraction of that target.
+fn worst_latency_service(d: &DeviceCycle) -> Option<(&ServiceLoad, f64)> {
     d.services
         .iter()
-        .filter_map(|s| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64))
-        .fold(0.0, f64::max)
+        .filter_map(|s| Some((s, s.judged_p999()? as f64 / s.slo_ns()? as f64)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 /// The last [`NOISE_WINDOW`] cycles' latency histograms of a latency service on a device:
@@ -646,7 +641,7 @@ pub struct Adaptive {
     searches: HashMap<(u32, ServiceId), Search>,
     latency: HashMap<(u32, ServiceId), LatencyWindow>,
     devices: HashMap<u32, DeviceHistory>,
-    rates: HashMap<u32, RecentRates>,
+    loads: HashMap<u32, RecentLoads>,
     findings: Vec<Finding>,
 }
 
@@ -910,11 +905,12 @@ impl Adaptive {
             // probe's are the probe's).
             let from = window_start(a);
             // Stalls of the disk are no verdict on the cap, while they are few.
-            let excused = h.stalls_excused(d.cycle);
+            let loads = self.loads.get(&d.dev);
+            let excused = loads.is_some_and(|l| l.stalls_excused(d.cycle));
             let under_cap = h
                 .violations
                 .iter()
-                .filter(|&&c| c >= from && !(excused && h.stalls.contains(&c)))
+                .filter(|&&c| c >= from && !(excused && loads.is_some_and(|l| l.is_stall(c))))
                 .count();
             // On a plateau two violations in ten are the disk's own scatter (a cut would
             // not lower the p99.9), three are not.
@@ -993,9 +989,9 @@ impl Adaptive {
         cap_bandwidth(a, d.dev, prev.max(least_cap_bps(a)), why, cause)
     }
 
-    /// See [`RecentRates::arriving`].
+    /// See [`RecentLoads::arriving`].
     fn arriving(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
-        self.rates.get(&d.dev).is_some_and(|r| r.arriving(d, a))
+        self.loads.get(&d.dev).is_some_and(|r| r.arriving(d, a))
     }
 
     /// Whether `a`'s cap is the episode's first cut and its first full cycle still broke an
@@ -1303,7 +1299,7 @@ impl Adaptive {
         st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
         st.before_raise = Some(cap);
         st.climb = climbing.then_some((d.cycle, streak + 1));
-        let worst = worst_fraction(d);
+        let worst = worst_latency_service(d).map_or(0.0, |(_, f)| f);
         out.extend(cap_bandwidth(
             s,
             d.dev,
@@ -1426,26 +1422,24 @@ impl Policy for Adaptive {
 
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let last_change = d.services.iter().map(window_start).max().unwrap_or(0);
-        let worst = worst_fraction(d);
-        let capped = d
-            .services
-            .iter()
-            .filter_map(|s| Some((s, s.limit.total_bps()?)));
-        let binding = capped.clone().next().is_some()
-            && capped
-                .clone()
-                .all(|(s, cap)| s.bps() >= cap as f64 * BINDING);
-        self.rates.entry(d.dev).or_default().record(d);
-        let h = self.devices.entry(d.dev).or_default();
+        let stalled = worst_latency_service(d);
+        let worst = stalled.map_or(0.0, |(_, f)| f);
         let mut load = DeviceLoad::of(d, worst);
+        let binding = load.binding;
         // Judged before any service is, and by no probe in progress (a raise that broke
         // is the raise's fault).
-        let stall = h.stall(&load).filter(|_| self.probing(d).is_none());
-        let h = self.devices.entry(d.dev).or_default();
+        let stall = self
+            .loads
+            .get(&d.dev)
+            .zip(self.devices.get(&d.dev))
+            .and_then(|(loads, h)| loads.stall(h, &load))
+            .filter(|_| self.probing(d).is_none());
         if stall.is_some() {
             load.worst = None;
         }
-        h.record(d, load);
+        let h = self.devices.entry(d.dev).or_default();
+        h.record(d, load.worst);
+        self.loads.entry(d.dev).or_default().record(load);
         if !binding {
             h.unsteady_at = d.cycle;
         }
@@ -1464,24 +1458,15 @@ impl Policy for Adaptive {
         }
         self.record_latency(d, stall.is_some());
         self.confirm(d);
-        let victim = d
-            .services
-            .iter()
-            .filter(|s| s.violating())
-            .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
         // The latency service furthest over its target names the stall.
-        let stalled = d.services.iter().max_by(|a, b| {
-            let f = |s: &ServiceLoad| Some(s.judged_p999()? as f64 / s.slo_ns()? as f64);
-            f(a).unwrap_or(0.0).total_cmp(&f(b).unwrap_or(0.0))
-        });
-        if let (Some(level), Some(v)) = (stall, stalled) {
+        if let (Some(level), Some((v, _))) = (stall, stalled) {
             self.findings.push(Finding::DiskStall {
                 service: v.id,
                 dev: d.dev,
                 cycle: d.cycle,
                 p999_ns: v.judged_p999(),
                 slo_p999_ns: v.slo_ns(),
-                level,
+                level_p999_ns: v.slo_ns().map(|t| (t as f64 * level) as u64),
                 others_bps: d.services.iter().filter(|s| s.id != v.id).map(|s| s.bps()).sum(),
                 action: format!(
                     "no cut: a violation that holds back raises while it is in the last {NOISE_WINDOW} cycles, but no verdict on the caps; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW} in {NOISE_WINDOW} cycles, violations are judged as harm again"
@@ -1489,6 +1474,11 @@ impl Policy for Adaptive {
             });
             return vec![];
         }
+        let victim = d
+            .services
+            .iter()
+            .filter(|s| s.violating())
+            .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
         let Some(victim) = victim else {
             let h = self.devices.entry(d.dev).or_default();
             h.alone = None;

@@ -344,8 +344,9 @@ pub enum Finding {
         cycle: u64,
         p999_ns: Option<u64>,
         slo_p999_ns: Option<u64>,
-        /// The worst p99.9 the same or higher caps gave, as a fraction of its target.
-        level: f64,
+        /// The worst p99.9 the same or higher caps gave (geometric mean), on this
+        /// service's target's scale.
+        level_p999_ns: Option<u64>,
         /// Everyone else's rate on the device this cycle.
         others_bps: f64,
         /// What the policy does about it.
@@ -437,7 +438,7 @@ pub(crate) fn cap_bandwidth(
         .collect();
     let existing_total: u128 = existing.iter().map(|p| p.1 as u128).sum();
     if existing_total > 0 {
-        let values = split_to_the_byte(cap_bps, &existing, existing_total);
+        let values = split_to_the_byte(cap_bps, &existing);
         return changes(s, dev, values, reason, cause);
     }
     // A fresh cap: by this cycle's bytes, a direction under 5 % of them left free (and its
@@ -453,25 +454,16 @@ pub(crate) fn cap_bandwidth(
         .collect();
     let kept_total: u128 = kept.iter().map(|p| p.1 as u128).sum();
     let amount = (cap_bps as u128 * kept_total).checked_div(all).unwrap_or(0) as u64;
-    changes(
-        s,
-        dev,
-        split_to_the_byte(amount, &kept, kept_total),
-        reason,
-        cause,
-    )
+    changes(s, dev, split_to_the_byte(amount, &kept), reason, cause)
 }
 
-/// `amount` over `parts` by their weights out of `weight_total`, in integers with the
+/// `amount` over `parts` by their weights, in integers with the
 /// remainder on the last part, no part under [`MIN_CAP_BPS`]: the parts add up to `amount`
 /// to the byte (unless the floors are more). The policies compare the cap they meant with
 /// the one read back: in f64, v * cap / total passes 2^53 over ~95 MB/s and came back a
 /// byte off for ~6 % of caps (a gentle cut's cap was then not known as the one it set).
-fn split_to_the_byte(
-    amount: u64,
-    parts: &[(Knob, u64)],
-    weight_total: u128,
-) -> Vec<(Knob, Option<u64>)> {
+fn split_to_the_byte(amount: u64, parts: &[(Knob, u64)]) -> Vec<(Knob, Option<u64>)> {
+    let weight_total: u128 = parts.iter().map(|p| p.1 as u128).sum();
     let mut left = amount;
     parts
         .iter()

@@ -308,6 +308,11 @@ pub fn latency_words(ns: u64) -> String {
     }
 }
 
+/// A latency, if any, in at most 7 characters ("-" without one).
+pub fn ns(v: Option<u64>) -> String {
+    v.map(latency_words).unwrap_or_else(|| "-".into())
+}
+
 impl Model {
     /// Takes one NDJSON line from the agent.
     pub fn ingest_line(&mut self, line: &str) -> Result<(), StreamError> {
@@ -427,15 +432,12 @@ impl Model {
                 self.push_action(a);
             }
             Event::SloInfeasible(f) => {
-                let ms = |ns: Option<u64>| {
-                    ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6))
-                };
                 let text = format!(
                     "{} cannot meet its SLO on {}: p99.9 {} over {}, others at {:.0} MB/s; {} ({})",
                     f.service,
                     f.dev,
-                    ms(f.p999_ns),
-                    ms(f.slo_p999_ns),
+                    ns(f.p999_ns),
+                    ns(f.slo_p999_ns),
                     f.others_bps / 1e6,
                     f.reason,
                     f.action
@@ -450,16 +452,13 @@ impl Model {
                 self.push_action(a);
             }
             Event::DiskStall(f) => {
-                let ms = |ns: Option<u64>| {
-                    ns.map_or("-".into(), |n| format!("{:.2} ms", n as f64 / 1e6))
-                };
                 let text = format!(
-                    "{} stalled {}: p99.9 {} over {} where the same caps gave {}, others at {:.0} MB/s; {}",
-                    f.dev,
+                    "{} over its SLO on {} in a stall of the disk: p99.9 {} over {} where the same caps gave {}, others at {:.0} MB/s; {}",
                     f.service,
-                    ms(f.p999_ns),
-                    ms(f.slo_p999_ns),
-                    ms(f.level_p999_ns),
+                    f.dev,
+                    ns(f.p999_ns),
+                    ns(f.slo_p999_ns),
+                    ns(f.level_p999_ns),
                     f.others_bps / 1e6,
                     f.action
                 );
@@ -694,11 +693,9 @@ fn decision_text(d: &Decision) -> String {
 /// A violation's numbers against its SLO.
 fn violation_numbers(v: &ViolationInfo) -> String {
     match v.slo {
-        SloClass::Latency { p999_ns } => format!(
-            "p99.9 {} vs SLO {}",
-            v.p999_ns.map(latency_words).unwrap_or_else(|| "-".into()),
-            latency_words(p999_ns)
-        ),
+        SloClass::Latency { p999_ns } => {
+            format!("p99.9 {} vs SLO {}", ns(v.p999_ns), latency_words(p999_ns))
+        }
         SloClass::Throughput { rate_bps } => format!(
             "{:.1} MB/s vs SLO {:.1} MB/s",
             v.rate_bps / 1e6,

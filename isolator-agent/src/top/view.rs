@@ -15,7 +15,7 @@ use crate::config::SloClass;
 
 use super::{
     app::{App, Pane},
-    model::{latency_words, Action, ActionKind, Column, Link, Row, RowKey, State},
+    model::{latency_words, ns, Action, ActionKind, Column, Link, Row, RowKey, State},
     replay::Replay,
 };
 
@@ -199,11 +199,6 @@ fn state_word(s: State) -> &'static str {
         State::Unconfigured => "unconf",
         s => s.label(),
     }
-}
-
-/// Latency in at most 7 characters.
-pub fn ns(v: Option<u64>) -> String {
-    v.map(latency_words).unwrap_or_else(|| "-".into())
 }
 
 fn mbps(v: f64) -> String {
