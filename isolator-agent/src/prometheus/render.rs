@@ -613,7 +613,7 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
     family(
         enc,
         "isolator_service_disk_stalls",
-        "Cycles over its SLO on the disk that the policy judged stalls of the disk and cut nothing for (disk_stall).",
+        "Cycles over its SLO on the disk that the policy judged stalls of the disk: no cut, or a probe undone without a knee (disk_stall).",
         Counter,
         |f| {
             for s in services() {

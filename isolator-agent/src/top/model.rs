@@ -453,7 +453,7 @@ impl Model {
             }
             Event::DiskStall(f) => {
                 let text = format!(
-                    "{} over its SLO on {} in a stall of the disk: p99.9 {} over {} where the same caps gave {}, others at {:.0} MB/s; {}",
+                    "{} over its SLO on {} in a stall of the disk: p99.9 {} over {} where the last cycles gave {}, others at {:.0} MB/s; {}",
                     f.service,
                     f.dev,
                     ns(f.p999_ns),
