@@ -326,6 +326,12 @@ impl Search {
         }
     }
 
+    /// Puts the raise from `cap` on probation.
+    fn start_probe(&mut self, cap: u64) {
+        self.good = Some(self.good.map_or(cap, |g| g.max(cap)));
+        self.before_raise = Some(cap);
+    }
+
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64) {
         self.knee_unknown = false;
         self.knee = Some(Knee::found(self.knee, rate_bps, cycle));
@@ -1013,9 +1019,7 @@ impl Adaptive {
         cause: Cause,
     ) -> Vec<Decision> {
         let st = self.searches.entry((d.dev, a.id)).or_default();
-        st.fell_back_at = Some(d.cycle);
         st.remember_bad(raised, d.cycle);
-        st.before_raise = None;
         st.stalled_probe = None;
         // `raised` is a's cap now: the total is the one that broke.
         let (total, n) = capped_total(d);
@@ -1023,6 +1027,21 @@ impl Adaptive {
             let h = self.devices.entry(d.dev).or_default();
             h.total_knee = Some(Knee::found(h.total_knee, total, d.cycle));
         }
+        self.fall_back(d, a, prev, why, cause)
+    }
+
+    /// Ends `a`'s probation: back to `prev`, the cap that held.
+    fn fall_back(
+        &mut self,
+        d: &DeviceCycle,
+        a: &ServiceLoad,
+        prev: u64,
+        why: String,
+        cause: Cause,
+    ) -> Vec<Decision> {
+        let st = self.searches.entry((d.dev, a.id)).or_default();
+        st.fell_back_at = Some(d.cycle);
+        st.before_raise = None;
         cap_bandwidth(a, d.dev, prev.max(least_cap_bps(a)), why, cause)
     }
 
@@ -1282,8 +1301,7 @@ impl Adaptive {
                     retried: true,
                     ..sp
                 });
-                st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
-                st.before_raise = Some(cap);
+                st.start_probe(cap);
                 st.climb = None;
                 let why = format!(
                     "every SLO held under this cap: probe {:.0} MB/s again (its last probe met a stall of the disk)",
@@ -1353,8 +1371,7 @@ impl Adaptive {
         if next <= cap {
             return out; // at the ceiling, or no room under the device's knee
         }
-        st.good = Some(st.good.map_or(cap, |g| g.max(cap)));
-        st.before_raise = Some(cap);
+        st.start_probe(cap);
         st.climb = climbing.then_some((d.cycle, streak + 1));
         let worst = worst_latency_service(d).map_or(0.0, |(_, f)| f);
         out.extend(cap_bandwidth(
@@ -1539,12 +1556,6 @@ impl Policy for Adaptive {
             .is_none()
             .then(|| self.probe_stall(d, worst))
             .flatten();
-        // The level a probe's stall is told against: the recent cycles'.
-        let probe_level = self
-            .devices
-            .get(&d.dev)
-            .and_then(|h| h.level_since(0))
-            .map_or(0.0, |(mean, _)| mean.exp());
         if stall.is_some() || probe_stall.is_some() {
             load.worst = None;
         }
@@ -1577,15 +1588,21 @@ impl Policy for Adaptive {
             return vec![];
         }
         if let (Some((p, from, to)), Some((v, _))) = (probe_stall, stalled) {
-            let st = self.searches.entry((d.dev, p.id)).or_default();
-            st.fell_back_at = Some(d.cycle);
-            st.before_raise = None;
-            st.stalled_probe = Some(StalledProbe {
+            self.searches
+                .entry((d.dev, p.id))
+                .or_default()
+                .stalled_probe = Some(StalledProbe {
                 from,
                 to,
                 retried: false,
             });
-            self.tell_stall(d, v, probe_level, format!(
+            // Told against the recent cycles' level (the stall's own is not recorded).
+            let level = self
+                .devices
+                .get(&d.dev)
+                .and_then(|h| h.level_since(0))
+                .map_or(0.0, |(mean, _)| mean.exp());
+            self.tell_stall(d, v, level, format!(
                 "{} back from its probe at {:.0} MB/s to {:.0} MB/s, but no knee there: the same probe runs again once {PROBE_CYCLES} cycles are clean, and only a second failure is the knee",
                 p.name,
                 to as f64 / 1e6,
@@ -1599,7 +1616,7 @@ impl Policy for Adaptive {
                 from as f64 / 1e6
             );
             let cause = victim_cause(base_cause(d, p), v);
-            return cap_bandwidth(p, d.dev, from.max(least_cap_bps(p)), why, cause);
+            return self.fall_back(d, p, from, why, cause);
         }
         let victim = d
             .services
