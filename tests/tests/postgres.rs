@@ -26,7 +26,10 @@
 //! held for ten cycles) holds the 32 transactions in flight and sets that window's p99.9,
 //! and no I/O limit prevents it; with five 3 s windows, one such stall and one failed probe
 //! of the knee search (its one violating cycle, within the one-in-ten budget) failed the
-//! test. pgbench is CPU-bound as much as disk-bound: run on a machine busy with other work
+//! test. A stall is told from the writer's harm by its size: a failing run with a window
+//! worse than any the uncapped writer caused (CI saw 90.6 ms where the uncapped writer's
+//! worst was 42.8) runs once more, and that run must pass on its own; a failing run
+//! without such a window fails at once. pgbench is CPU-bound as much as disk-bound: run on a machine busy with other work
 //! (a build), its latency says more about the CPU than about the disk.
 
 use isolator_tests::{
@@ -123,15 +126,38 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
         m
     };
     let without = run(Mode::None);
-    let with = run(Mode::Policy("adaptive".into()));
     let (without_us, without_n) = without.run.writer_p999_us(PHASES.settle_ms);
-    let (with_us, with_n) = with.run.writer_p999_us(PHASES.settle_ms);
     let (without_windows, without_over) = (
         without.windows_ms(PHASES),
         without.windows_over(PHASES, slo_ms),
     );
-    let (with_windows, with_over) = (with.windows_ms(PHASES), with.windows_over(PHASES, slo_ms));
+    let worst_without_ms = without_windows.iter().copied().fold(0.0, f64::max);
     let windows = PHASES.windows as usize;
+    let adaptive = || {
+        let m = run(Mode::Policy("adaptive".into()));
+        let (w, over) = (m.windows_ms(PHASES), m.windows_over(PHASES, slo_ms));
+        (m, w, over)
+    };
+    let (mut with, mut with_windows, mut with_over) = adaptive();
+    // A window worse than anything the uncapped writer did is the disk's own stall: no cap
+    // causes it, and none prevents it. A failing run with such a window runs once more, and
+    // that run must pass alone; a failing run without one fails the test.
+    let stalled = with_windows
+        .iter()
+        .find(|&&ms| ms > slo_ms as f64 && ms > worst_without_ms);
+    let mut first_attempt = None;
+    if 5 * with_over > windows {
+        if let Some(stall_ms) = stalled {
+            println!(
+                "under adaptive {with_over} of {windows} windows were over ({with_windows:.2?} \
+                 ms), one at {stall_ms:.2} ms where the uncapped writer's worst was \
+                 {worst_without_ms:.2} ms: the disk stalled on its own; adaptive runs once more"
+            );
+            first_attempt = Some(format!("{with_windows:.2?} ms"));
+            (with, with_windows, with_over) = adaptive();
+        }
+    }
+    let (with_us, with_n) = with.run.writer_p999_us(PHASES.settle_ms);
     println!(
         "pgbench p99.9 over the steady phase: alone {:.2} ms, SLO {slo_ms} ms, without control \
          {:.2} ms ({without_n} tx; per window {without_windows:.2?} ms, {without_over} of \
@@ -151,7 +177,10 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
     assert!(
         5 * with_over <= windows,
         "under adaptive pgbench's p99.9 was over its {slo_ms} ms SLO in {with_over} of \
-         {windows} windows of the steady phase ({with_windows:.2?} ms); at most one in five \
-         may be"
+         {windows} windows of the steady phase ({with_windows:.2?} ms{}); at most one in five \
+         may be",
+        first_attempt.map_or(String::new(), |w| format!(
+            "; the run before it, on a stalling disk: {w}"
+        ))
     );
 }
