@@ -223,13 +223,13 @@ impl SimDisk {
             rates[i] * if arriving { s.arrival_share } else { 1.0 }
         };
         let mut loads = vec![];
+        // Any change last cycle makes this one a transition for everyone.
+        let transition = self
+            .services
+            .iter()
+            .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
         for (i, s) in self.services.iter().enumerate() {
             let running = s.running(self.cycle);
-            // Any change last cycle makes this one a transition for everyone.
-            let transition = self
-                .services
-                .iter()
-                .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
             // Other traffic as the equivalent bytes of a sequential writer.
             let others = |r: &[f64]| -> f64 {
                 r.iter()
@@ -238,13 +238,13 @@ impl SimDisk {
                     .map(|(j, v)| v * self.services[j].cost_per_byte)
                     .sum()
             };
-            let mut others_bps = others(&rates);
-            if transition {
-                others_bps = others_bps.max(others(&self.prev_rates));
-            }
             let mut l = SimLoadBuilder::default();
             if let SloClass::Latency { .. } = s.class {
                 if running {
+                    let mut others_bps = others(&rates);
+                    if transition {
+                        others_bps = others_bps.max(others(&self.prev_rates));
+                    }
                     // Own queue depth costs 0.1 ms per queued request at the tail.
                     let p999 = (0.43e6
                         + interference_ns(others_bps, self.knee_scale)
@@ -1298,6 +1298,77 @@ mod tests {
         let c = quiet.step();
         assert!(c.utilization < 0.75);
         assert!(p.decide(&c).is_empty());
+    }
+
+    /// Hundreds of services on one disk, as on a host with a container per tenant: the
+    /// reader (5 ms), twenty latency services with a looser target (10 ms), 240 small
+    /// best-effort writers at 0.5 MB/s each, 38 cgroups with no I/O, and the bulk writer
+    /// from cycle 5 to 200. The targets hold as with two services, only the bulk
+    /// writer is ever capped, and its cap is lifted once it goes quiet.
+    #[test]
+    fn adaptive_among_three_hundred_services_caps_only_the_aggressor() {
+        const STOP: u64 = 200;
+        let make = || {
+            let mut svcs = vec![
+                SimService::latency("reader", 5.0, 1.0),
+                SimService::writer("bulk", SloClass::BestEffort, 2400.0, 5),
+            ];
+            svcs[1].on_off = Some((STOP - 5, 1000));
+            svcs.extend((0..20).map(|_| SimService::latency("tenant-db", 10.0, 1.0)));
+            svcs.extend(
+                (0..240).map(|_| SimService::writer("tenant-log", SloClass::BestEffort, 0.5, 0)),
+            );
+            svcs.extend(
+                (0..38).map(|_| SimService::writer("tenant-idle", SloClass::BestEffort, 0.0, 0)),
+            );
+            let mut d = SimDisk::new(svcs);
+            d.noise_seed = Some(7);
+            d
+        };
+        assert_eq!(make().services.len(), 300);
+        let h = make().run(&mut Adaptive::default(), STOP + 20);
+        trace("300 services", &h);
+        let touched: std::collections::BTreeSet<&str> = h
+            .iter()
+            .flat_map(|(c, d)| d.iter().map(|d| c.services[d.service].name.as_str()))
+            .collect();
+        assert_eq!(
+            touched,
+            ["bulk"].into(),
+            "only the bulk writer may be capped"
+        );
+        for name in ["reader", "tenant-db"] {
+            let v = violating_cycles(&h, name);
+            assert!(
+                v.first().is_none_or(|&c| c >= 5) && !v.contains(&7) && !v.contains(&8),
+                "{name}: not under its SLO within 3 cycles of the bulk writer's arrival: {v:?}"
+            );
+        }
+        let (violations, changes, mean) = steady(&h, 1, 25, STOP);
+        let best = best_static_cap_mbps(&make, 1, 7, STOP);
+        println!(
+            "300 services: steady violations {violations}/175, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s"
+        );
+        assert!(
+            violations * 10 <= 175,
+            "{violations} violating cycles in 175"
+        );
+        assert!(
+            changes * 10 <= 175,
+            "{changes} changes in 175 steady cycles"
+        );
+        assert!(
+            mean >= 0.9 * best,
+            "{mean:.0} MB/s < 90 % of best static {best} MB/s"
+        );
+        let lifted = h
+            .iter()
+            .find(|(c, _)| c.cycle > STOP && c.services[1].limit.is_unlimited())
+            .map(|(c, _)| c.cycle);
+        assert!(
+            lifted.is_some_and(|c| c <= STOP + 5),
+            "the bulk writer's cap lifted at {lifted:?}, not within 5 cycles of its stop at {STOP}"
+        );
     }
 
     #[test]
