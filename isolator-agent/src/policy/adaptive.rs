@@ -39,8 +39,10 @@
 //!   not a cap too high: it holds back raises like any violation but cuts nothing (a
 //!   `disk_stall` notice), and its cycle stays out of the scatter, the window p99.9 and the
 //!   fit. After [`STALL_MAX_RUN`] in a row or [`STALL_MAX_WINDOW`] in ten, violations
-//!   are judged as harm again, the stalls with them. A probe that meets a stall
-//!   ([`PROBE_STALL_FRACTION`]) falls back, but sets no knee and runs again.
+//!   are judged as harm again, the stalls with them. A violation [`STALL_FACTOR`] times
+//!   what the capped services' full load did ([`Adaptive::full_load_harm`]) is a stall
+//!   from the first cycles on, spends no budget and fails no probe. A probe that meets a
+//!   stall otherwise ([`PROBE_STALL_FRACTION`]) falls back, but sets no knee and runs again.
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
 //!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
@@ -275,7 +277,8 @@ struct Search {
     /// trim, a fall-back, a lift, a return) starts the climb again.
     climb: Option<(u64, u32)>,
     /// The victim's worst p99.9 fraction when this service was last cut from uncapped, and
-    /// its rate then: what its full load does (see [`PROBE_STALL_FRACTION`]).
+    /// its rate then (infinite when it arrived in that cycle): what its full load does (see
+    /// [`PROBE_STALL_FRACTION`] and [`Adaptive::full_load_harm`]).
     uncapped_harm: Option<(f64, f64)>,
     /// A probe that met a stall of the disk: run it again from the cap it fell back to.
     stalled_probe: Option<StalledProbe>,
@@ -345,8 +348,10 @@ impl Search {
 struct DeviceHistory {
     /// Cycles with a violation, the last [`NOISE_WINDOW`] cycles' worth.
     violations: VecDeque<u64>,
-    /// The last cycle with a near miss (or a violation).
+    /// The last cycle with a near miss (or a violation, or a stall).
     last_near: Option<u64>,
+    /// The last cycle with a near miss or a violation that was no stall.
+    last_harm: Option<u64>,
     /// The victim violating with nobody else to cut, and for how many cycles in a row.
     alone: Option<(ServiceId, u32)>,
     /// Victims told `slo_infeasible` in their current violation.
@@ -372,6 +377,16 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
+}
+
+/// A violation judged a stall of the disk.
+#[derive(Debug, Clone, Copy)]
+struct Stall {
+    /// The level of the cycles before (a fraction of the target).
+    level: f64,
+    /// [`STALL_FACTOR`] times what the capped services' full load did: it spends no budget
+    /// and fails no probe.
+    beyond_full_load: bool,
 }
 
 /// One cycle of a device as the policy saw it.
@@ -425,15 +440,38 @@ impl DeviceLoad {
     /// Whether some service pushes more bytes or IOPS here than [`STALL_LOAD`] times the
     /// most it pushed in `level` (with a little slack for one that ran little or not at all).
     fn pushes_more_than(&self, level: &[&DeviceLoad]) -> bool {
+        self.rates
+            .iter()
+            .any(|&rate| Self::one_pushes_more_than(rate, level))
+    }
+
+    fn one_pushes_more_than((id, bps, iops): (ServiceId, f64, f64), level: &[&DeviceLoad]) -> bool {
+        let (max_bps, max_iops) = level
+            .iter()
+            .filter_map(|l| l.rate(id))
+            .fold((0.0, 0.0), |(b, i), (lb, li)| {
+                (f64::max(b, lb), f64::max(i, li))
+            });
+        bps > STALL_LOAD * max_bps + STALL_SLACK_BPS
+            || iops > STALL_LOAD * max_iops + STALL_SLACK_IOPS
+    }
+
+    /// [`Self::pushes_more_than`], where the `capped` services (each under a cap no higher
+    /// than the rate of the full load it was seen at) may push more bytes, but not in
+    /// smaller I/Os: bytes per I/O under 1/[`STALL_LOAD`] of their largest in `level` are
+    /// another kind of load.
+    fn pushes_more_than_within_caps(&self, level: &[&DeviceLoad], capped: &[ServiceId]) -> bool {
         self.rates.iter().any(|&(id, bps, iops)| {
-            let (max_bps, max_iops) = level
+            if !capped.contains(&id) {
+                return Self::one_pushes_more_than((id, bps, iops), level);
+            }
+            let largest_io = level
                 .iter()
                 .filter_map(|l| l.rate(id))
-                .fold((0.0, 0.0), |(b, i), (lb, li)| {
-                    (f64::max(b, lb), f64::max(i, li))
-                });
-            bps > STALL_LOAD * max_bps + STALL_SLACK_BPS
-                || iops > STALL_LOAD * max_iops + STALL_SLACK_IOPS
+                .filter(|&(_, i)| i > 0.0)
+                .map(|(b, i)| b / i)
+                .fold(0.0, f64::max);
+            iops > STALL_SLACK_IOPS && bps / iops < largest_io / STALL_LOAD
         })
     }
 }
@@ -492,41 +530,74 @@ impl RecentLoads {
     /// [`STALL_FACTOR`] over the level of the recent cycles whose caps were fixed at the
     /// same or a higher total, with no service pushing more than then, outside an episode's
     /// start (`h`), and no more than [`STALL_MAX_RUN`] such cycles in a row and
-    /// [`STALL_MAX_WINDOW`] in ten. Returns the level (a fraction of the target).
-    fn stall(&self, h: &DeviceHistory, now: &DeviceLoad) -> Option<f64> {
-        let caps = now.fixed_caps?;
+    /// [`STALL_MAX_WINDOW`] in ten.
+    ///
+    /// Or a violation [`STALL_FACTOR`] times what the capped services' full load did
+    /// (`full_load`, see [`Adaptive::full_load_harm`]), with nobody pushing more than in
+    /// the cycles before: no cap made it, so it is a stall from an episode's first cycles
+    /// on, during a probe too, and however many come in ten (not more than
+    /// [`STALL_MAX_RUN`] in a row: a disk that stays that slow has a new knee).
+    fn stall(
+        &self,
+        h: &DeviceHistory,
+        now: &DeviceLoad,
+        full_load: Option<(f64, &[ServiceId])>,
+    ) -> Option<Stall> {
         let worst = now.worst.filter(|&w| w > 1.0)?;
+        let beyond_full_load = full_load.is_some_and(|(f, _)| worst >= STALL_FACTOR * f);
         // An aggressor's arrival, its first cut and that cut's first cycle are its own.
-        if now.cycle <= h.episode_until + 2 || !self.stalls_excused(now.cycle) {
+        if (now.cycle <= h.episode_until + 2 && !beyond_full_load)
+            || !self.stalls_excused(now.cycle, beyond_full_load)
+        {
             return None;
         }
-        let level: Vec<&DeviceLoad> = self
-            .cycles
-            .iter()
-            .filter(|l| {
-                l.cycle + NOISE_WINDOW > now.cycle
-                    && l.fixed_caps.is_some_and(|c| c >= caps)
-                    && l.worst.is_some_and(|w| w > 0.0)
-            })
-            .collect();
+        let recent = |min_caps: u64| -> Vec<&DeviceLoad> {
+            self.cycles
+                .iter()
+                .filter(|l| {
+                    l.cycle + NOISE_WINDOW > now.cycle
+                        && (min_caps == 0 || l.fixed_caps.is_some_and(|c| c >= min_caps))
+                        && l.worst.is_some_and(|w| w > 0.0)
+                })
+                .collect()
+        };
+        let mean = |level: &[&DeviceLoad]| {
+            level
+                .iter()
+                .map(|l| l.worst.unwrap_or(1.0).ln())
+                .sum::<f64>()
+                / level.len() as f64
+        };
+        if beyond_full_load {
+            // Against the cycles before, whatever their caps: every cap is under the rate
+            // that did the full load's harm (an episode's first full cycle has only its
+            // transition before it, and a raise's transition runs two caps).
+            let before = recent(0);
+            let capped = full_load.map_or(&[][..], |(_, c)| c);
+            return (!before.is_empty() && !now.pushes_more_than_within_caps(&before, capped))
+                .then(|| Stall {
+                    level: mean(&before).exp(),
+                    beyond_full_load,
+                });
+        }
+        let level = recent(now.fixed_caps?);
         if level.len() < STALL_MIN_CYCLES {
             return None;
         }
-        let n = level.len() as f64;
-        let mean = level
-            .iter()
-            .map(|l| l.worst.unwrap_or(1.0).ln())
-            .sum::<f64>()
-            / n;
+        let mean = mean(&level);
         let jump = worst.ln() - mean;
-        (jump >= STALL_FACTOR.ln().max(STALL_SIGMAS * h.sigma()) && !now.pushes_more_than(&level))
-            .then(|| mean.exp())
+        let bar = STALL_SIGMAS * h.sigma();
+        (jump >= STALL_FACTOR.ln().max(bar) && !now.pushes_more_than(&level)).then(|| Stall {
+            level: mean.exp(),
+            beyond_full_load,
+        })
     }
 
     /// Whether the stalls in the window are still excused from the verdict on a cap in
-    /// `cycle`: fewer than [`STALL_MAX_RUN`] in a row just before it and
-    /// [`STALL_MAX_WINDOW`] in the window. Past that, they are harm like any violation.
-    fn stalls_excused(&self, cycle: u64) -> bool {
+    /// `cycle`: fewer than [`STALL_MAX_RUN`] in a row just before it and (unless
+    /// `beyond_full_load`) [`STALL_MAX_WINDOW`] in the window. Past that, they are harm like
+    /// any violation.
+    fn stalls_excused(&self, cycle: u64, beyond_full_load: bool) -> bool {
         let run = (1..)
             .take_while(|&k| self.is_stall(cycle.wrapping_sub(k)))
             .count();
@@ -535,7 +606,7 @@ impl RecentLoads {
             .iter()
             .filter(|l| l.cycle + NOISE_WINDOW > cycle && l.worst.is_none())
             .count();
-        run < STALL_MAX_RUN && in_window < STALL_MAX_WINDOW
+        run < STALL_MAX_RUN && (beyond_full_load || in_window < STALL_MAX_WINDOW)
     }
 }
 
@@ -558,6 +629,9 @@ impl DeviceHistory {
         }
         if stall || worst > self.near_miss() || self.violations.back() == Some(&d.cycle) {
             self.last_near = Some(d.cycle);
+        }
+        if !stall && (worst > self.near_miss() || d.services.iter().any(|s| s.violating())) {
+            self.last_harm = Some(d.cycle);
         }
         if worst > 0.0 {
             self.fractions.push_back((d.cycle, worst));
@@ -646,6 +720,14 @@ impl DeviceHistory {
     /// slides: a near miss long ago does not keep a cap from ever counting as holding.
     fn clean_window(&self, from: u64, now: u64) -> bool {
         now + 1 >= from + PROBE_CYCLES && self.clean_since(from.max(now + 1 - PROBE_CYCLES))
+    }
+
+    /// Whether a cap whose first full cycle was `from` had no near miss and no violation
+    /// but stalls in its last [`PROBE_CYCLES`] cycles up to `now`: a stall delays its
+    /// verdict, it does not fail it.
+    fn harmless_window(&self, from: u64, now: u64) -> bool {
+        self.last_harm
+            .is_none_or(|c| c < from.max((now + 1).saturating_sub(PROBE_CYCLES)))
     }
 }
 
@@ -834,10 +916,17 @@ impl Adaptive {
                 .min(b.map_or(1.0, |excess| (-excess).exp())),
         }
         .clamp(TRIM_RANGE.0, TRIM_RANGE.1);
+        let to = ((cap as f64 * factor) as u64).max(least_cap_bps(s));
+        // At its floor: nothing to trim, and no knee learnt (a knee at the floor would hold
+        // every raise back for its memory; seen on replay of BENCHMARKS run V, PostgreSQL
+        // repeat 1: a window spoilt by one violation set it, and the writer stayed at its
+        // floor when the window had long cleared).
+        if to >= cap {
+            return None;
+        }
         let st = self.searches.entry((d.dev, s.id)).or_default();
         st.remember_bad(cap, d.cycle);
         st.before_raise = None;
-        let to = ((cap as f64 * factor) as u64).max(least_cap_bps(s));
         st.held = Some(to);
         let why = match window {
             Some((f, n)) => format!(
@@ -876,13 +965,17 @@ impl Adaptive {
         a: &ServiceLoad,
     ) -> Vec<Decision> {
         let cause = victim_cause(base_cause(d, a), victim);
+        let arriving = self.arriving(d, a);
         let st = self.searches.entry((d.dev, a.id)).or_default();
         if let (true, Some(slo), Some(l)) = (
             a.limit.is_unlimited(),
             victim.slo_ns(),
             victim.judged_p999(),
         ) {
-            st.uncapped_harm = Some((a.bps(), l as f64 / slo as f64));
+            // Arriving, it ran at its full rate for part of the cycle: what it did is its
+            // full load's harm, at a rate its mean does not show.
+            let rate = if arriving { f64::INFINITY } else { a.bps() };
+            st.uncapped_harm = Some((rate, l as f64 / slo as f64));
         }
         let current = a
             .limit
@@ -948,7 +1041,7 @@ impl Adaptive {
             let from = window_start(a);
             // Stalls of the disk are no verdict on the cap, while they are few.
             let loads = self.loads.get(&d.dev);
-            let excused = loads.is_some_and(|l| l.stalls_excused(d.cycle));
+            let excused = loads.is_some_and(|l| l.stalls_excused(d.cycle, false));
             let under_cap = h
                 .violations
                 .iter()
@@ -1192,7 +1285,7 @@ impl Adaptive {
             };
             let from = window_start(s);
             if d.cycle + 1 >= from + PROBE_CYCLES
-                && !h.clean_window(from, d.cycle)
+                && !h.harmless_window(from, d.cycle)
                 && s.can_change(d.cycle)
             {
                 let why = format!(
@@ -1421,7 +1514,7 @@ impl Adaptive {
         let excused = self
             .loads
             .get(&d.dev)
-            .is_none_or(|l| l.stalls_excused(d.cycle));
+            .is_none_or(|l| l.stalls_excused(d.cycle, false));
         (worst >= PROBE_STALL_FRACTION.max(STALL_FACTOR * harm) && !retried && excused)
             .then_some((p, from, to))
     }
@@ -1444,6 +1537,26 @@ impl Adaptive {
                 .sum(),
             action,
         });
+    }
+
+    /// The most any capped service's full load did to the victims (the worst fraction when
+    /// it was cut from uncapped), when every capped service was seen uncapped at its cap's
+    /// rate or faster: a violation [`STALL_FACTOR`] times that is no cap's doing.
+    fn full_load_harm(&self, d: &DeviceCycle) -> Option<(f64, Vec<ServiceId>)> {
+        let mut harm: Option<f64> = None;
+        let mut capped = vec![];
+        for s in &d.services {
+            let Some(cap) = s.limit.total_bps() else {
+                continue;
+            };
+            let (bps, f) = self.searches.get(&(d.dev, s.id))?.uncapped_harm?;
+            if bps < cap as f64 {
+                return None;
+            }
+            harm = Some(harm.map_or(f, |h| h.max(f)));
+            capped.push(s.id);
+        }
+        Some((harm?, capped))
     }
 
     /// The service on `d` whose raise is on probation, if any (at most one: see `relax`).
@@ -1546,12 +1659,16 @@ impl Policy for Adaptive {
         let binding = load.binding;
         // Judged before any service is, and by no probe in progress (a raise that broke
         // is the raise's fault).
+        let full_load = self.full_load_harm(d);
         let stall = self
             .loads
             .get(&d.dev)
             .zip(self.devices.get(&d.dev))
-            .and_then(|(loads, h)| loads.stall(h, &load))
-            .filter(|_| self.probing(d).is_none());
+            .and_then(|(loads, h)| {
+                let full_load = full_load.as_ref().map(|(f, c)| (*f, c.as_slice()));
+                loads.stall(h, &load, full_load)
+            })
+            .filter(|s| s.beyond_full_load || self.probing(d).is_none());
         let probe_stall = stall
             .is_none()
             .then(|| self.probe_stall(d, worst))
@@ -1560,7 +1677,8 @@ impl Policy for Adaptive {
             load.worst = None;
         }
         let h = self.devices.entry(d.dev).or_default();
-        h.record(d, load.worst, probe_stall.is_none());
+        let spends = probe_stall.is_none() && !stall.is_some_and(|s| s.beyond_full_load);
+        h.record(d, load.worst, spends);
         self.loads.entry(d.dev).or_default().record(load);
         if !binding {
             h.unsteady_at = d.cycle;
@@ -1581,10 +1699,16 @@ impl Policy for Adaptive {
         self.record_latency(d, stall.is_some() || probe_stall.is_some());
         self.confirm(d);
         // The latency service furthest over its target names the stall.
-        if let (Some(level), Some((v, _))) = (stall, stalled) {
-            self.tell_stall(d, v, level, format!(
-                "no cut: a violation that holds back raises while it is in the last {NOISE_WINDOW} cycles, but no verdict on the caps; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW} in {NOISE_WINDOW} cycles, violations are judged as harm again"
-            ));
+        if let (Some(stall), Some((v, _))) = (stall, stalled) {
+            let action = match full_load.filter(|_| stall.beyond_full_load) {
+                Some((f, _)) => format!(
+                    "no cut: over {STALL_FACTOR:.0}x what the capped services' full load did ({f:.1}x its target), which no cap makes; it holds back no raise and fails no probe; after {STALL_MAX_RUN} in a row, violations are judged as harm again"
+                ),
+                None => format!(
+                    "no cut: a violation that holds back raises while it is in the last {NOISE_WINDOW} cycles, but no verdict on the caps; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW} in {NOISE_WINDOW} cycles, violations are judged as harm again"
+                ),
+            };
+            self.tell_stall(d, v, stall.level, action);
             return vec![];
         }
         if let (Some((p, from, to)), Some((v, _))) = (probe_stall, stalled) {
@@ -1749,16 +1873,19 @@ mod tests {
     }
 
     /// A probe whose first cycle meets a stall of the disk (the reader at many times its
-    /// target, far over what a raise could do) falls back, keeps no knee there, and runs
-    /// again once its window is clean; a second failure of the same probe is the knee.
+    /// target) where what the writer's full load does is not known falls back, keeps no
+    /// knee there, and runs again once its window is clean; a second failure of the same
+    /// probe is the knee.
     #[test]
     fn a_probe_that_meets_a_stall_of_the_disk_runs_again_and_only_a_second_failure_is_its_knee() {
         let mut disk = pair();
         let mut p = Adaptive::default();
         let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
+        // What the writer's full load does is not known (the reader had no judged p99.9
+        // when the writer was cut).
+        p.searches.get_mut(&(1, 1)).expect("searched").uncapped_harm = None;
         p.findings();
-        // 120 ms against 5: 24 times the target, whatever the writer does, and over three
-        // times what the writer's full load did on arrival.
+        // 120 ms against 5: 24 times the target, whatever the writer does.
         disk.stall_ns = 120e6;
         let h = disk.run(&mut p, 1);
         disk.stall_ns = 0.0;
@@ -1790,6 +1917,47 @@ mod tests {
         assert_eq!(h[0].1[0].to, Some(good), "{}", h[0].1[0].reason);
         assert!(!h[0].1[0].reason.contains("stall"), "{}", h[0].1[0].reason);
         assert_eq!(p.searches[&(1, 1)].bad(disk.cycle), Some(raised));
+    }
+
+    /// Where the writer's full load was seen at the raised rate (it arrived in a full cycle),
+    /// a violation over three times what that load did is no raise's doing: the probe meets
+    /// such stalls, even two, and stays on probation; it holds once clean cycles follow, and
+    /// no knee is set. Without the rule the first stall fails it.
+    #[test]
+    fn a_probe_that_meets_stalls_beyond_what_the_full_load_did_stays_on_probation() {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        let (_, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
+        let harm = p.searches[&(1, 1)]
+            .uncapped_harm
+            .expect("the arrival's harm");
+        assert!(harm.0 >= raised as f64, "{harm:?}");
+        p.findings();
+        for _ in 0..2 {
+            // 120 ms against 5: 24 times the target, over three times the full load's.
+            disk.stall_ns = 120e6;
+            let h = disk.run(&mut p, 1);
+            disk.stall_ns = 0.0;
+            assert!(h[0].0.services[0].violating());
+            assert!(h[0].1.is_empty(), "{:?}", h[0].1);
+            assert!(
+                p.findings()
+                    .iter()
+                    .any(|f| matches!(f, Finding::DiskStall { .. })),
+                "the stall is told"
+            );
+            let h = disk.run(&mut p, 1);
+            assert!(h[0].1.is_empty(), "{:?}", h[0].1);
+        }
+        disk.run(&mut p, PROBE_CYCLES + 1);
+        let st = &p.searches[&(1, 1)];
+        assert!(writer_cap(&disk) >= Some(raised));
+        assert_eq!(st.good, Some(raised), "the raise held");
+        assert_ne!(
+            st.knee.map(|k| k.rate_bps),
+            Some(raised),
+            "a stall set the knee"
+        );
     }
 
     /// A probe that breaks the SLO by many times its target where the aggressor's full load

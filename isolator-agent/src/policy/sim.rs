@@ -743,6 +743,92 @@ mod tests {
         }
     }
 
+    /// A disk that stalls from the aggressor's first cycles on (one cycle in three to six at 100
+    /// ms against a 5 ms target, four times what the uncapped writer does, whatever the writer's rate): the first stalls come before the
+    /// scatter under the cap is measured and inflate it, and a rule told only in sigmas of
+    /// that scatter never sees a stall again. The writer must still get most of what it gets
+    /// on the same disk without stalls (seen on the test disk, BENCHMARKS run V, PostgreSQL
+    /// repeat 1: reads at 46-298 ms one cycle in three to five from the writer's arrival on,
+    /// the writer held at its 20 MB/s floor for the whole run).
+    #[test]
+    fn stalls_from_the_aggressors_arrival_on_do_not_pin_it_to_its_floor() {
+        for (seed, arrival_share) in [None, Some(1), Some(2), Some(3)]
+            .into_iter()
+            .flat_map(|s| [(s, 1.0), (s, 0.05)])
+        {
+            // One cycle in three to six, irregular as on the test disk.
+            let mut stall_cycles = vec![];
+            let mut c = 7;
+            for gap in [4, 6, 3, 5, 4, 5, 6, 3].iter().cycle() {
+                if c >= 120 {
+                    break;
+                }
+                stall_cycles.push(c);
+                c += gap;
+            }
+            let run = |stalls: bool| {
+                let mut disk = noisy_pair(5.0);
+                disk.noise_seed = seed;
+                disk.services[1].arrival_share = arrival_share;
+                let mut p = Adaptive::default();
+                let mut h = vec![];
+                let mut told = 0;
+                for c in 0..120u64 {
+                    disk.stall_ns = if stalls && stall_cycles.contains(&c) {
+                        100e6
+                    } else {
+                        0.0
+                    };
+                    h.extend(disk.run(&mut p, 1));
+                    told += p
+                        .findings()
+                        .iter()
+                        .filter(|f| matches!(f, Finding::DiskStall { .. }))
+                        .count();
+                }
+                (h, told)
+            };
+            let rate = |h: &[(DeviceCycle, Vec<Decision>)]| {
+                h[30..]
+                    .iter()
+                    .map(|(c, _)| c.services[1].bps())
+                    .sum::<f64>()
+                    / (h.len() - 30) as f64
+                    / MB
+            };
+            let (smooth, _) = run(false);
+            let (stalling, told) = run(true);
+            trace(
+                &format!("stalls from the arrival, noise {seed:?}"),
+                &stalling,
+            );
+            let stalls = stall_cycles.iter().filter(|&&c| c >= 30).count();
+            let others: Vec<u64> = violating_cycles(&stalling, "reader")
+                .into_iter()
+                .filter(|&c| c >= 30 && !stall_cycles.contains(&c))
+                .collect();
+            println!(
+                "noise {seed:?}: {:.0} MB/s without stalls, {:.0} with them; {told} stalls told; other violations {others:?}",
+                rate(&smooth),
+                rate(&stalling)
+            );
+            assert!(
+                rate(&stalling) >= 0.9 * rate(&smooth),
+                "noise {seed:?}: {:.0} MB/s on the stalling disk, under 90 % of {:.0} without stalls",
+                rate(&stalling),
+                rate(&smooth)
+            );
+            assert!(
+                told >= stalls,
+                "noise {seed:?}: {told} stalls told, {stalls} after cycle 30 alone"
+            );
+            assert!(
+                others.len() * 10 <= 90,
+                "noise {seed:?}: violations besides the stalls: {others:?}"
+            );
+        }
+    }
+
     /// A disk that stays slow after two stall-like cycles has a new knee: the third cycle
     /// is judged as harm, the stalls with it, so a p99.9 under three times the target (which
     /// a settled cap's one violation in ten would only trim for) is the second violation
@@ -1368,6 +1454,30 @@ mod tests {
         assert!(
             lifted.is_some_and(|c| c <= STOP + 5),
             "the bulk writer's cap lifted at {lifted:?}, not within 5 cycles of its stop at {STOP}"
+        );
+    }
+
+    /// A writer at its floor with the reader's window close to the target (0.96 of it) has
+    /// nothing left to trim: no knee is learnt at the floor, so when the disk gets twice as
+    /// fast the writer is raised within a few cycles.
+    #[test]
+    fn a_cap_at_its_floor_learns_no_knee_from_a_trim_it_cannot_make() {
+        let mut disk = noisy_pair(5.0);
+        disk.services[1].floor = Some(Rate::BytesPerSec(440_000_000));
+        let mut p = Adaptive::default();
+        let before = disk.run(&mut p, 40);
+        trace("at the floor", &before);
+        assert_eq!(
+            disk.services[1].limit.wbps,
+            Some(440_000_000),
+            "at its floor"
+        );
+        disk.knee_scale = 2.0;
+        let after = disk.run(&mut p, 15);
+        trace("faster", &after);
+        assert!(
+            disk.services[1].limit.wbps > Some(440_000_000),
+            "not raised from its floor within 15 cycles of the disk getting faster"
         );
     }
 
