@@ -829,6 +829,31 @@ mod tests {
         }
     }
 
+    /// Violations beyond what the writer's full load did that come every other cycle are
+    /// not excused for ever: past four in ten they are harm again, and the writer is cut.
+    #[test]
+    fn stalls_beyond_the_full_load_every_other_cycle_are_harm_by_the_fifth() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 60);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        let mut train = vec![];
+        for c in 0..12 {
+            disk.stall_ns = if c % 2 == 0 { 120e6 } else { 0.0 };
+            train.extend(disk.run(&mut p, 1));
+        }
+        disk.stall_ns = 0.0;
+        trace("every other cycle", &train);
+        let cut_at = train
+            .iter()
+            .position(|(_, d)| d.iter().any(|d| d.to < Some(cap)));
+        assert!(
+            cut_at.is_some_and(|i| i <= 9),
+            "not cut by the fifth violation in ten: {:?}",
+            train.iter().map(|(_, d)| d.len()).collect::<Vec<_>>()
+        );
+    }
+
     /// A disk that stays slow after two stall-like cycles has a new knee: the third cycle
     /// is judged as harm, the stalls with it, so a p99.9 under three times the target (which
     /// a settled cap's one violation in ten would only trim for) is the second violation
