@@ -296,8 +296,8 @@ struct FullLoadHarm {
     /// The service's rate, bytes/s: infinite when it arrived in that cycle (it ran at its
     /// full rate for part of it, and its mean does not show that rate).
     rate_bps: f64,
-    /// Its bytes per I/O (None: no I/O counted).
-    io_bytes: Option<f64>,
+    /// Its bytes per I/O.
+    io_bytes: f64,
 }
 
 /// A raise whose probation met a stall of the disk (see [`PROBE_STALL_FRACTION`]).
@@ -400,9 +400,9 @@ struct DeviceHistory {
 struct Stall {
     /// The level of the cycles before (a fraction of the target).
     level: f64,
-    /// [`STALL_FACTOR`] times what the capped services' full load did: it spends no budget
-    /// and fails no probe.
-    beyond_full_load: bool,
+    /// Judged [`STALL_FACTOR`] times what the capped service's full load did, this
+    /// fraction of the target: it spends no budget and fails no probe.
+    beyond_full_load: Option<f64>,
 }
 
 /// One cycle of a device as the policy saw it.
@@ -474,27 +474,19 @@ impl DeviceLoad {
 
     /// [`Self::pushes_more_than`], where the `capped` service (under a cap no higher than
     /// the rate of the full load it was seen at) may push more bytes, but not in smaller
-    /// I/Os: under 1/[`STALL_LOAD`] of its bytes per I/O then (`io_bytes`, else its largest
-    /// in `level`) is another kind of load.
+    /// I/Os: under 1/[`STALL_LOAD`] of its bytes per I/O then (`io_bytes`) is another kind
+    /// of load.
     fn pushes_more_than_within_cap(
         &self,
         level: &[&DeviceLoad],
         capped: ServiceId,
-        io_bytes: Option<f64>,
+        io_bytes: f64,
     ) -> bool {
         self.rates.iter().any(|&(id, bps, iops)| {
             if id != capped {
                 return Self::one_pushes_more_than((id, bps, iops), level);
             }
-            let io_then = io_bytes.unwrap_or_else(|| {
-                level
-                    .iter()
-                    .filter_map(|l| l.rate(id))
-                    .filter(|&(_, i)| i > 0.0)
-                    .map(|(b, i)| b / i)
-                    .fold(0.0, f64::max)
-            });
-            iops > STALL_SLACK_IOPS && bps / iops < io_then / STALL_LOAD
+            iops > STALL_SLACK_IOPS && bps / iops < io_bytes / STALL_LOAD
         })
     }
 }
@@ -567,22 +559,24 @@ impl RecentLoads {
         full_load: Option<(ServiceId, FullLoadHarm)>,
     ) -> Option<Stall> {
         let worst = now.worst.filter(|&w| w > 1.0)?;
-        let beyond_full_load = full_load
-            .is_some_and(|(_, h)| worst >= PROBE_STALL_FRACTION.max(STALL_FACTOR * h.fraction));
+        let beyond =
+            full_load.filter(|(_, h)| worst >= PROBE_STALL_FRACTION.max(STALL_FACTOR * h.fraction));
+        let beyond_full_load = beyond.map(|(_, h)| h.fraction);
         // An aggressor's arrival and its first cut are its own, and that cut's first cycle
         // too unless it is beyond what the full load did.
         if now.cycle <= h.episode_until
-            || (now.cycle <= h.episode_until + 2 && !beyond_full_load)
-            || !self.stalls_excused(now.cycle, beyond_full_load)
+            || (now.cycle <= h.episode_until + 2 && beyond.is_none())
+            || !self.stalls_excused(now.cycle, beyond.is_some())
         {
             return None;
         }
-        let recent = |min_caps: u64| -> Vec<&DeviceLoad> {
+        // The last cycles, those whose caps were fixed at `min_caps` or more if given.
+        let recent = |min_caps: Option<u64>| -> Vec<&DeviceLoad> {
             self.cycles
                 .iter()
                 .filter(|l| {
                     l.cycle + NOISE_WINDOW > now.cycle
-                        && (min_caps == 0 || l.fixed_caps.is_some_and(|c| c >= min_caps))
+                        && min_caps.is_none_or(|m| l.fixed_caps.is_some_and(|c| c >= m))
                         && l.worst.is_some_and(|w| w > 0.0)
                 })
                 .collect()
@@ -594,12 +588,11 @@ impl RecentLoads {
                 .sum::<f64>()
                 / level.len() as f64
         };
-        if beyond_full_load {
+        if let Some((capped, harm)) = beyond {
             // Against the cycles before, whatever their caps: every cap is under the rate
             // that did the full load's harm (an episode's first full cycle has only its
             // transition before it, and a raise's transition runs two caps).
-            let before = recent(0);
-            let (capped, harm) = full_load?;
+            let before = recent(None);
             return (!before.is_empty()
                 && !now.pushes_more_than_within_cap(&before, capped, harm.io_bytes))
             .then(|| Stall {
@@ -607,7 +600,7 @@ impl RecentLoads {
                 beyond_full_load,
             });
         }
-        let level = recent(now.fixed_caps?);
+        let level = recent(Some(now.fixed_caps?));
         if level.len() < STALL_MIN_CYCLES {
             return None;
         }
@@ -1009,7 +1002,7 @@ impl Adaptive {
                 victim: victim.id,
                 fraction: l as f64 / slo as f64,
                 rate_bps: if arriving { f64::INFINITY } else { a.bps() },
-                io_bytes: (a.iops() > 0.0).then(|| a.bps() / a.iops()),
+                io_bytes: a.bps() / a.iops().max(1.0),
             });
         }
         let current = a
@@ -1688,15 +1681,17 @@ impl Policy for Adaptive {
         let worst = stalled.map_or(0.0, |(_, f)| f);
         let mut load = DeviceLoad::of(d, worst);
         let binding = load.binding;
-        // Judged before any service is, and by no probe in progress (a raise that broke
-        // is the raise's fault).
-        let full_load = stalled.and_then(|(v, _)| self.full_load_harm(d, v.id));
+        // Judged before any service is. During a probe only beyond what the full load did
+        // (otherwise a raise that broke is the raise's fault; see `probe_stall`).
+        let full_load = stalled
+            .filter(|&(_, f)| f > 1.0)
+            .and_then(|(v, _)| self.full_load_harm(d, v.id));
         let stall = self
             .loads
             .get(&d.dev)
             .zip(self.devices.get(&d.dev))
             .and_then(|(loads, h)| loads.stall(h, &load, full_load))
-            .filter(|s| s.beyond_full_load || self.probing(d).is_none());
+            .filter(|s| s.beyond_full_load.is_some() || self.probing(d).is_none());
         let probe_stall = stall
             .is_none()
             .then(|| self.probe_stall(d, worst))
@@ -1705,7 +1700,7 @@ impl Policy for Adaptive {
             load.worst = None;
         }
         let h = self.devices.entry(d.dev).or_default();
-        let spends = probe_stall.is_none() && !stall.is_some_and(|s| s.beyond_full_load);
+        let spends = probe_stall.is_none() && stall.is_none_or(|s| s.beyond_full_load.is_none());
         h.record(d, load.worst, spends);
         self.loads.entry(d.dev).or_default().record(load);
         if !binding {
@@ -1728,10 +1723,9 @@ impl Policy for Adaptive {
         self.confirm(d);
         // The latency service furthest over its target names the stall.
         if let (Some(stall), Some((v, _))) = (stall, stalled) {
-            let action = match full_load.filter(|_| stall.beyond_full_load) {
-                Some((_, h)) => format!(
-                    "no cut: over {STALL_FACTOR:.0}x what the capped service's full load did ({:.1}x its target), which no cap makes; it spends no budget and fails no probe; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW_BEYOND_FULL_LOAD} in {NOISE_WINDOW} cycles, violations are judged as harm again",
-                    h.fraction
+            let action = match stall.beyond_full_load {
+                Some(fraction) => format!(
+                    "no cut: over {STALL_FACTOR:.0}x what the capped service's full load did ({fraction:.1}x its target), which no cap makes; it spends no budget and fails no probe; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW_BEYOND_FULL_LOAD} in {NOISE_WINDOW} cycles, violations are judged as harm again"
                 ),
                 None => format!(
                     "no cut: a violation that holds back raises while it is in the last {NOISE_WINDOW} cycles, but no verdict on the caps; after {STALL_MAX_RUN} in a row or {STALL_MAX_WINDOW} in {NOISE_WINDOW} cycles, violations are judged as harm again"
@@ -1915,9 +1909,7 @@ mod tests {
         p.searches.get_mut(&(1, 1)).expect("searched").uncapped_harm = None;
         p.findings();
         // 120 ms against 5: 24 times the target, whatever the writer does.
-        disk.stall_ns = 120e6;
-        let h = disk.run(&mut p, 1);
-        disk.stall_ns = 0.0;
+        let h = disk.run_stalled(&mut p, 120e6);
         assert!(h[0].0.services[0].violating());
         assert_eq!(h[0].1.len(), 1, "{:?}", h[0].1);
         assert_eq!(h[0].1[0].to, Some(good), "{}", h[0].1[0].reason);
@@ -1939,9 +1931,7 @@ mod tests {
         assert_eq!(raises.len(), 1, "{raises:?}");
         assert_eq!(raises[0].to, Some(raised), "{}", raises[0].reason);
         // It meets a stall too: now it is the knee.
-        disk.stall_ns = 120e6;
-        let h = disk.run(&mut p, 1);
-        disk.stall_ns = 0.0;
+        let h = disk.run_stalled(&mut p, 120e6);
         assert_eq!(h[0].1.len(), 1, "{:?}", h[0].1);
         assert_eq!(h[0].1[0].to, Some(good), "{}", h[0].1[0].reason);
         assert!(!h[0].1[0].reason.contains("stall"), "{}", h[0].1[0].reason);
@@ -1965,9 +1955,7 @@ mod tests {
         p.findings();
         for _ in 0..2 {
             // 120 ms against 5: 24 times the target, over three times the full load's.
-            disk.stall_ns = 120e6;
-            let h = disk.run(&mut p, 1);
-            disk.stall_ns = 0.0;
+            let h = disk.run_stalled(&mut p, 120e6);
             assert!(h[0].0.services[0].violating());
             assert!(h[0].1.is_empty(), "{:?}", h[0].1);
             assert!(
@@ -2005,9 +1993,7 @@ mod tests {
         let near = disk.run(&mut p, 1);
         assert!(!near[0].0.services[0].violating());
         disk.knee_scale = scale;
-        disk.stall_ns = 120e6;
-        let stall = disk.run(&mut p, 1);
-        disk.stall_ns = 0.0;
+        let stall = disk.run_stalled(&mut p, 120e6);
         assert!(
             stall[0].1.is_empty(),
             "the stall is no verdict: {:?}",

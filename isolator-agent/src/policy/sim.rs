@@ -334,6 +334,18 @@ impl SimDisk {
         self.cycle += 1;
     }
 
+    /// Runs one cycle in which the disk stalls for `stall_ns` under a policy.
+    pub fn run_stalled(
+        &mut self,
+        p: &mut dyn Policy,
+        stall_ns: f64,
+    ) -> Vec<(DeviceCycle, Vec<Decision>)> {
+        self.stall_ns = stall_ns;
+        let h = self.run(p, 1);
+        self.stall_ns = 0.0;
+        h
+    }
+
     /// Runs `n` cycles under a policy; returns every cycle's input and decisions.
     pub fn run(&mut self, p: &mut dyn Policy, n: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
         (0..n)
