@@ -20,8 +20,7 @@
 //!   stops when the two are within [`KNEE_PRECISION`]. Toward a knee a broken probe found,
 //!   a probe goes where the line through the cap's p99.9 and the broken one's (log-log)
 //!   reaches [`PROBE_AIM`] of the target when that is under half-way, and not at all when
-//!   it gains under 5 %. Without a knee after an arrival, the doubling multiplies by
-//!   [`UNKNOWN_KNEE_FAR_FACTOR`] while every target is far under.
+//!   it gains under 5 %.
 //! - Probing spends the budget of one violating cycle in ten: no raise while a violation
 //!   since the episode's start (the aggressor's arrival and its first cut) is in the last
 //!   [`NOISE_WINDOW`] cycles, unless the cap is [`FAR_FROM_KNEE`] under the knee. Measured on the test disk, the victim's per-cycle p99.9 near the
@@ -165,8 +164,8 @@ const CLIMB_MAX_FACTOR: f64 = 2.0;
 /// crosses this fraction of the target, whichever is lower. With half-way alone, 52 raises
 /// failed against 56 probes toward a knee in the simulator's writer runs (cycles 16-34, 36
 /// runs: a plateau under a cliff puts the knee low in the bracket doubling leaves); with
-/// the line, 22 against 80, violating cycles there fell from 2.6 to 1.4 per run, changes
-/// from 4.6 to 3.5, and the writer's rate rose from 329 to 359 MB/s. Under the trim's aim (0.8): a cap found at
+/// the line, 28 against 70, and violating cycles there fell from 2.6 to 1.6 per run,
+/// changes from 4.6 to 4.4. Under the trim's aim (0.8): a cap found at
 /// 0.8 sat where one cycle in ten reached the target, and the re-probe from it once its
 /// knee expired cost three violating cycles in 28 (the simulator's on/off writer).
 const PROBE_AIM: f64 = 0.75;
@@ -175,14 +174,6 @@ const MIN_PROBE_GAIN: f64 = 1.05;
 /// Flatter than this slope between the two, the line says nothing (the broken probe met a
 /// slow cycle, or noise): half-way.
 const MIN_PROBE_SLOPE: f64 = 0.25;
-/// Without a knee since an arrival cut, the search doubles the cap until a probe breaks;
-/// while every target is still [`KNEE_DOUBT`] under, it multiplies it by this instead. An
-/// aggressor that arrived late in a cycle showed a mean rate far under its own (seen on
-/// the test disk: 95 MB/s in its arrival cycle, 2.9 GB/s in the next), the cut scaled that
-/// down, and doubling back from a twentieth took eight probes, 24 cycles, with the reader
-/// at 11-46 % of its target all the way. A probe that overshoots by 4 instead of 2 costs
-/// one more bisection step; each doubling skipped saves a probe.
-const UNKNOWN_KNEE_FAR_FACTOR: u64 = 4;
 /// How many (cap, p99.9) cycles of one capped service the latency-vs-rate fit keeps, how
 /// many it needs, and how wide a spread of caps (sd of the log) before its slope means
 /// anything.
@@ -1522,9 +1513,6 @@ impl Adaptive {
                     }
                     _ => half_way,
                 }
-            }
-            None if knee_unknown && far_under_targets => {
-                cap.saturating_mul(UNKNOWN_KNEE_FAR_FACTOR)
             }
             None if knee_unknown => cap.saturating_mul(2),
             None if climbing => {
