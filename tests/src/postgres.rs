@@ -542,6 +542,11 @@ pub fn run_alone(
     finish(bench, &prefix, start_us, None)
 }
 
+/// p99.9s in ms of windows given in µs (with their transaction counts).
+fn windows_ms(windows: &[(u64, usize)]) -> Vec<f64> {
+    windows.iter().map(|&(us, _)| us as f64 / 1e3).collect()
+}
+
 /// pgbench's p99.9 in ms of each window of what would be the steady phase in a run with
 /// no writer at all (same length, same windows, after the disk settles as before every
 /// run): the windows the disk puts over an SLO on its own. Seen on the test disk: a QD1
@@ -567,12 +572,11 @@ pub fn alone_windows_ms(
     }
     let from_us = run.start_us + (phases.solo_s * 1000 + phases.settle_ms) * 1000;
     let to_us = run.start_us + (phases.solo_s + phases.writer_s) * 1_000_000;
-    Ok(run
-        .log
-        .window_p999_us(from_us, to_us, phases.windows)
-        .iter()
-        .map(|&(us, _)| us as f64 / 1e3)
-        .collect())
+    Ok(windows_ms(&run.log.window_p999_us(
+        from_us,
+        to_us,
+        phases.windows,
+    )))
 }
 
 /// The scenario (under an agent the caller started): pgbench alone for `solo_s`, then the
@@ -648,8 +652,8 @@ pub const MIN_IO_SLO_MS: u64 = 2;
 
 /// pgbench's SLO on this disk today, from a run alone: 4x its p99.9 (the median of three
 /// windows, so a slow spell of the disk in one does not set it; at least [`MIN_SLO_MS`]),
-/// never hard-coded; and the agent's target for db's block I/O, the [`IO_SHARE`] of it until
-/// [`Calibration::measure_io_target`] measures the share.
+/// never hard-coded; and the agent's target for db's block I/O at the [`IO_SHARE`] of it, for
+/// the uncapped run that measures the share ([`Calibration::measure_io_target`]).
 #[derive(Debug, Clone)]
 pub struct Calibration {
     pub windows_ms: Vec<f64>,
@@ -673,33 +677,22 @@ pub struct IoTarget {
 }
 
 impl Calibration {
-    /// Sets the agent's target for db's block I/O from `without`, a run next to the
-    /// uncapped writer (the agent in --dry-run); an error if that run has no steady cycle
-    /// or no transaction to measure.
-    pub fn measure_io_target(&mut self, without: &ModeRun) -> Result<IoTarget, String> {
-        let stats = |name: &str| crate::noisy::service_stats(&without.events, name);
-        let cycle = |e: &serde_json::Value| e["cycle"].as_u64().unwrap_or(0);
-        let writing: Vec<u64> = stats("backup")
+    /// The agent's target for db's block I/O from `without`, a run next to the uncapped
+    /// writer (the agent in --dry-run); an error if that run has no steady cycle or no
+    /// transaction to measure.
+    pub fn measure_io_target(&self, without: &ModeRun) -> Result<IoTarget, String> {
+        use crate::scenario::{aggressor_phases, steady_cycles, Aggressor};
+        let steady = steady_cycles(&aggressor_phases(&without.events, Aggressor::Writer));
+        let mut reads_ms: Vec<f64> = noisy::service_stats(&without.events, "db")
             .iter()
-            .filter(|e| e["write_mbps"].as_f64().unwrap_or(0.0) > 1.0)
-            .map(|e| cycle(e))
-            .collect();
-        let (first, last) = (
-            writing.iter().copied().min().unwrap_or(0),
-            writing.iter().copied().max().unwrap_or(0),
-        );
-        // Full cycles of the steady phase only, as every scenario judges them.
-        let steady = first + 1 + crate::scenario::STEADY_AFTER_CYCLES..last;
-        let mut reads_ms: Vec<f64> = stats("db")
-            .iter()
-            .filter(|e| steady.contains(&cycle(e)))
+            .filter(|e| e["cycle"].as_u64().is_some_and(|c| steady.contains(&c)))
             .filter_map(|e| e["p999_ns"].as_f64())
             .map(|ns| ns / 1e6)
             .collect();
         if reads_ms.is_empty() {
             return Err(format!(
-                "the uncapped run had no steady cycle with db's reads (the writer wrote in cycles \
-                 {first}..={last}): no I/O target can be measured"
+                "the uncapped run had no steady cycle with db's reads (steady cycles \
+                 {steady:?}): no I/O target can be measured"
             ));
         }
         reads_ms.sort_by(f64::total_cmp);
@@ -713,12 +706,11 @@ impl Calibration {
         }
         let pgbench_p999_ms = pgbench_us as f64 / 1e3;
         let share = (reads_p999_ms / pgbench_p999_ms).clamp(MIN_IO_SHARE, IO_SHARE);
-        self.io_slo_ms = ((self.slo_ms as f64 * share) as u64).max(MIN_IO_SLO_MS);
         Ok(IoTarget {
             reads_p999_ms,
             pgbench_p999_ms,
             share,
-            io_slo_ms: self.io_slo_ms,
+            io_slo_ms: ((self.slo_ms as f64 * share) as u64).max(MIN_IO_SLO_MS),
         })
     }
 }
@@ -744,7 +736,7 @@ pub fn calibrate(cluster: &Cluster, scratch: &Scratch) -> Result<Calibration, St
             alone
                 .log
                 .window_p999_us(alone.start_us + WARMUP_MS * 1000, alone.end_us, 3);
-        let windows_ms: Vec<f64> = windows.iter().map(|&(us, _)| us as f64 / 1e3).collect();
+        let windows_ms = windows_ms(&windows);
         windows.sort_unstable();
         let (solo_us, solo_transactions) = windows[1];
         let slo_ms = (4 * solo_us).div_ceil(1000).max(MIN_SLO_MS);
@@ -804,11 +796,11 @@ pub struct ModeRun {
 impl ModeRun {
     /// pgbench's p99.9 in ms of each window of the steady phase.
     pub fn windows_ms(&self, phases: Phases) -> Vec<f64> {
-        self.run
-            .writer_window_p999_us(phases.settle_ms, phases.windows)
-            .iter()
-            .map(|&(us, _)| us as f64 / 1e3)
-            .collect()
+        windows_ms(
+            &self
+                .run
+                .writer_window_p999_us(phases.settle_ms, phases.windows),
+        )
     }
 
     /// How many windows of the steady phase were over `slo_ms`.

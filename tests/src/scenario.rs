@@ -402,6 +402,32 @@ pub(crate) fn judged(
     o
 }
 
+/// The aggressor `backup`'s phases as the agent saw them in `events`: runs of cycles
+/// with its I/O of kind `a` (first, last).
+pub fn aggressor_phases(events: &[Value], a: Aggressor) -> Vec<(u64, u64)> {
+    let mut phases: Vec<(u64, u64)> = vec![];
+    for e in noisy::service_stats(events, "backup") {
+        if a.mbps(e) <= 1.0 {
+            continue;
+        }
+        let c = e["cycle"].as_u64().unwrap_or(0);
+        match phases.last_mut() {
+            Some((_, last)) if c <= *last + 2 => *last = c,
+            _ => phases.push((c, c)),
+        }
+    }
+    phases
+}
+
+/// The steady cycles of `phases`: from the [`STEADY_AFTER_CYCLES`]-th full cycle of each
+/// on, full cycles only (a phase's first and last cycles are partial).
+pub fn steady_cycles(phases: &[(u64, u64)]) -> Vec<u64> {
+    phases
+        .iter()
+        .flat_map(|&(s, e)| s + 1 + STEADY_AFTER_CYCLES..e)
+        .collect()
+}
+
 /// The per-cycle verdict from the agent's own records (`db` the victim, `backup` the
 /// aggressor); the client's p99.9s are left NaN for the caller's client log to fill.
 pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
@@ -409,19 +435,7 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
     let stats = |name: &str| noisy::service_stats(events, name);
     let cycle = |e: &Value| e["cycle"].as_u64().unwrap_or(0);
     let (db, backup) = (stats("db"), stats("backup"));
-    let busy: Vec<u64> = backup
-        .iter()
-        .filter(|e| a.mbps(e) > 1.0)
-        .map(|e| cycle(e))
-        .collect();
-    // The aggressor's phases as the agent saw them: runs of cycles with its I/O.
-    let mut phases: Vec<(u64, u64)> = vec![];
-    for c in busy {
-        match phases.last_mut() {
-            Some((_, last)) if c <= *last + 2 => *last = c,
-            _ => phases.push((c, c)),
-        }
-    }
+    let phases = aggressor_phases(events, a);
     let db_at = |c: u64| db.iter().find(|e| cycle(e) == c);
     let violating = |c: u64| db_at(c).is_some_and(|e| e["state"] == "violating");
     let p999 = |e: &Value| e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6;
@@ -429,11 +443,7 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
         phases.first().map_or(0, |p| p.0),
         phases.last().map_or(0, |p| p.1),
     );
-    // Full cycles only: a phase's first and last cycles are partial.
-    let steady: Vec<u64> = phases
-        .iter()
-        .flat_map(|&(s, e)| s + 1 + STEADY_AFTER_CYCLES..e)
-        .collect();
+    let steady = steady_cycles(&phases);
     // Only a policy's decisions change caps (the others run the agent with --dry-run).
     let writes = matches!(mode, Mode::Policy(_));
     let decision_cycles: Vec<u64> = events

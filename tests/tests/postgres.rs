@@ -99,7 +99,7 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
     let dev = disk_of(&wfile);
 
     // pgbench alone: what this disk gives it today.
-    let mut cal = postgres::calibrate(&cluster, &scratch).unwrap_or_else(|e| panic!("{e}"));
+    let cal = postgres::calibrate(&cluster, &scratch).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "calibration: pgbench alone p99.9 per window {:.2?} ms ({})",
         cal.windows_ms, cal.tps_line

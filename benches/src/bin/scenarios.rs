@@ -394,7 +394,7 @@ impl PgBench {
         let cluster = Cluster::create(postgres::SIZE);
         let backup = TestCgroup::new("iso-pg-backup");
         let wfile = noisy::writer_file(scratch);
-        let mut calibration = postgres::calibrate(&cluster, scratch).map_err(anyhow::Error::msg)?;
+        let calibration = postgres::calibrate(&cluster, scratch).map_err(anyhow::Error::msg)?;
         let config = scratch.path("postgres.toml");
         let write_config = |io_slo_ms: u64| {
             std::fs::write(&config, noisy::config(&cluster.blkio, &backup, io_slo_ms))
@@ -450,11 +450,7 @@ impl PgBench {
         // the client's p99.9s from pgbench's log.
         let sc = Scenario {
             solo_s: PHASES.solo_s,
-            ..Scenario::new(
-                Aggressor::Writer,
-                self.calibration.io_slo_ms,
-                PHASES.writer_s,
-            )
+            ..Scenario::new(Aggressor::Writer, self.target.io_slo_ms, PHASES.writer_s)
         };
         let mut agent = scenario::outcome(mode.clone(), &sc, &m.events);
         agent.solo_p999_ms = m.run.solo_p999_us(postgres::WARMUP_MS).0 as f64 / 1e3;
