@@ -555,6 +555,20 @@ impl Drop for Agent {
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }
+        // For a developer reading a run's decisions after the test: the scratch directory
+        // goes with the test.
+        if let Some(dir) = std::env::var_os("ISOLATOR_TEST_KEEP_EVENTS") {
+            let to = Path::new(&dir).join(format!(
+                "{}-{}.ndjson",
+                std::thread::current().name().unwrap_or("agent"),
+                std::process::id()
+            ));
+            if let Err(e) =
+                std::fs::create_dir_all(&dir).and_then(|_| std::fs::copy(&self.events, &to))
+            {
+                eprintln!("could not keep the events in {}: {e}", to.display());
+            }
+        }
     }
 }
 
@@ -820,16 +834,28 @@ pub mod noisy {
         let cycle = |e: &Value| e["cycle"].as_u64().unwrap();
         for e in &db_stats {
             let b = backup_stats.iter().find(|b| cycle(b) == cycle(e));
-            // What was decided for db itself this cycle (a cap on the service the SLO
-            // protects is what to look at when this table shows it throttled).
-            let db_decisions: Vec<String> = events
-                .iter()
-                .filter(|d| d["type"] == "decision" && d["service"] == "db")
-                .filter(|d| d["cycle"] == e["cycle"])
-                .map(|d| format!("{} -> {} ({})", d["knob"], d["new"], d["reason"]))
-                .collect();
+            // What was decided this cycle, and why (a cap on the service the SLO protects is
+            // what to look at when this table shows it throttled).
+            let decisions = |service: &str, why_chars: usize| -> Vec<String> {
+                events
+                    .iter()
+                    .filter(|d| d["type"] == "decision" && d["service"] == service)
+                    .filter(|d| d["cycle"] == e["cycle"])
+                    .map(|d| {
+                        let why: String = d["reason"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .chars()
+                            .take(why_chars)
+                            .collect();
+                        format!("{} -> {} ({why})", d["knob"], d["new"])
+                    })
+                    .collect()
+            };
+            let db_decisions = decisions("db", usize::MAX);
+            let backup_decisions = decisions("backup", 90);
             println!(
-                "cycle {} db {} p999 {:.2} ms (n {}) {:.0} IOPS inflight {:.2} | backup {:.0} MB/s limit {}{}",
+                "cycle {} db {} p999 {:.2} ms (n {}) {:.0} IOPS inflight {:.2} | backup {:.0} MB/s limit {}{}{}",
                 cycle(e),
                 e["state"],
                 e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6,
@@ -842,6 +868,11 @@ pub mod noisy {
                     String::new()
                 } else {
                     format!(" | db: {}", db_decisions.join("; "))
+                },
+                if backup_decisions.is_empty() {
+                    String::new()
+                } else {
+                    format!(" | backup: {}", backup_decisions.join("; "))
                 }
             );
         }

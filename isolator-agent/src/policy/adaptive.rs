@@ -934,14 +934,18 @@ impl Adaptive {
                 continue;
             };
             let total: u64 = cycles.iter().map(|x| x.2).sum();
-            if total < crate::policy::MIN_JUDGED_SAMPLES {
-                continue;
-            }
             let mut merged: BTreeMap<u16, u64> = BTreeMap::new();
             for &(b, n) in cycles.iter().flat_map(|x| &x.1) {
                 *merged.entry(b).or_default() += n;
             }
             let sparse: Vec<(u16, u64)> = merged.into_iter().collect();
+            // Judged as a cycle is (`ServiceLoad::judged_p999`).
+            if total < crate::policy::MIN_JUDGED_SAMPLES
+                && crate::measure::metrics::percentile(&sparse, total, 0.5)
+                    .is_none_or(|p50| p50 <= slo)
+            {
+                continue;
+            }
             let Some(p) = crate::measure::metrics::percentile(&sparse, total, 0.999) else {
                 continue;
             };

@@ -17,13 +17,14 @@ pub use slae::{Slae, Ute};
 
 use crate::{
     config::{Rate, SloClass},
-    measure::character::CharacterCounts,
+    measure::{character::CharacterCounts, metrics::percentile},
 };
 
 /// Index of a service in the config.
 pub type ServiceId = usize;
 
-/// Below this many latency samples in a cycle a p99.9 is not judged at all.
+/// Below this many latency samples a cycle's p99.9 is its maximum, judged only when most of
+/// its I/Os were slow.
 pub const MIN_JUDGED_SAMPLES: u64 = 50;
 /// No cap goes below this, floor or not: a throttled service must still make progress.
 pub const MIN_CAP_BPS: u64 = 1 << 20;
@@ -135,8 +136,8 @@ pub struct ServiceLoad {
     pub peak_inflight: Option<u64>,
     /// The limit in force during this cycle.
     pub limit: IoMaxLimit,
-    /// For the event stream only (no policy reads them): the latency histogram behind
-    /// `p999_ns` (sparse: bucket index, count) and the cgroups whose I/O this is.
+    /// The latency histogram behind `p999_ns` (sparse: bucket index, count), and, for the
+    /// event stream only, the cgroups whose I/O this is.
     pub latency_hist: Vec<(u16, u64)>,
     pub cgroup_ids: Vec<u64>,
     /// Cycle at whose end this service's limit on this device was last changed.
@@ -159,11 +160,16 @@ impl ServiceLoad {
             _ => None,
         }
     }
-    /// p99.9 if there were enough samples to judge it.
+    /// p99.9 if there were enough samples to judge it. A latency service's cycle with
+    /// fewer is judged too when most of its I/Os were slower than the target: a reader
+    /// starved behind a writer makes few I/Os, and then their fewness is the symptom, not
+    /// noise (a QD1 reader at 30 ms an I/O makes 34 in a second).
     pub fn judged_p999(&self) -> Option<u64> {
-        (self.samples >= MIN_JUDGED_SAMPLES)
-            .then_some(self.p999_ns)
-            .flatten()
+        if self.samples >= MIN_JUDGED_SAMPLES {
+            return self.p999_ns;
+        }
+        let median = percentile(&self.latency_hist, self.samples, 0.5)?;
+        (median > self.slo_ns()?).then_some(self.p999_ns).flatten()
     }
     /// Violation degree (paper 001 eq. 1): (L - SLO) / SLO; for throughput services the
     /// missing fraction of the target.
@@ -551,4 +557,39 @@ pub fn ceilings(d: &DeviceCycle) -> Vec<Decision> {
             cap_bandwidth(s, d.dev, c, "configured ceiling".into(), base_cause(d, s))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sim::{SimDisk, SimService};
+    use isolator_common::histogram::latency_bucket;
+
+    /// A 5 ms reader's cycle made of `(latency ms, I/Os)`.
+    fn reader_cycle(ios: &[(f64, u64)]) -> super::ServiceLoad {
+        let mut disk = SimDisk::new(vec![SimService::latency("db", 5.0, 1.0)]);
+        let mut s = disk.step().services.remove(0);
+        s.latency_hist = ios
+            .iter()
+            .map(|&(ms, n)| (latency_bucket((ms * 1e6) as u64) as u16, n))
+            .collect();
+        s.samples = ios.iter().map(|x| x.1).sum();
+        s.p999_ns = super::percentile(&s.latency_hist, s.samples, 0.999);
+        s
+    }
+
+    #[test]
+    fn a_starved_reader_violates_however_few_its_ios() {
+        // Behind an uncapped writer a QD1 reader made 34 I/Os at ~30 ms.
+        let starved = reader_cycle(&[(25.0, 20), (35.0, 12), (87.0, 2)]);
+        assert!(starved.samples < super::MIN_JUDGED_SAMPLES);
+        assert!(starved.violating(), "{starved:?}");
+        assert!(starved.vio().unwrap() > 10.0);
+        // An idle one with a single slow I/O among a few fast ones is not judged.
+        let idle = reader_cycle(&[(0.2, 8), (40.0, 1)]);
+        assert_eq!(idle.judged_p999(), None);
+        assert!(!idle.violating());
+        // With enough samples the p99.9 is judged as it always was.
+        let busy = reader_cycle(&[(0.2, 5000), (9.0, 10)]);
+        assert!(busy.violating());
+    }
 }
