@@ -38,7 +38,8 @@
 //! - A cap the aggressor no longer uses (under a quarter of it for [`QUIET_CYCLES`]) is
 //!   lifted, the knee remembered for its return.
 //! - A violation [`STALL_FACTOR`] over the level the same or higher caps gave in the last
-//!   [`NOISE_WINDOW`] cycles, with no service pushing more than then, is the disk stalling,
+//!   [`NOISE_WINDOW`] cycles, and [`PROBE_STALL_FRACTION`] over its target, with no service
+//!   pushing more than then, is the disk stalling,
 //!   not a cap too high: it holds back raises like any violation but cuts nothing (a
 //!   `disk_stall` notice), and its cycle stays out of the scatter, the window p99.9 and the
 //!   fit. After [`STALL_MAX_RUN`] in a row or [`STALL_MAX_WINDOW`] in ten, violations
@@ -186,7 +187,8 @@ const FIT_MIN_SPREAD: f64 = 0.05;
 /// cut.
 const FUTILE_SLOPE: f64 = 0.5;
 /// A violating cycle whose worst p99.9 fraction is this many times the level of the recent
-/// cycles under the same or higher caps, and [`STALL_SIGMAS`] of their scatter over it, with
+/// cycles under the same or higher caps, and [`STALL_SIGMAS`] of their scatter over it, and
+/// at least [`PROBE_STALL_FRACTION`] (a cap's harm stays under it), with
 /// nobody pushing more than [`STALL_LOAD`] times the bytes or IOPS of those cycles, is a stall
 /// of the disk. Seen on the test disk (BENCHMARKS run S, PostgreSQL): the reads at 10-17 ms
 /// against 14 jumped to 145 ms for one or two cycles every few, with the writer at its cap
@@ -644,7 +646,14 @@ impl RecentLoads {
         let mean = mean(&level);
         let jump = worst.ln() - mean;
         let bar = STALL_SIGMAS * h.sigma();
-        (jump >= STALL_FACTOR.ln().max(bar) && !now.pushes_more_than(&level)).then(|| Stall {
+        // Under a cap that held, harm puts the victim at 0.8-3 times its target; the disk's
+        // own stalls at 4 and more (see [`PROBE_STALL_FRACTION`]). A jump from a low level
+        // to 2x is a wall the cap reached (a writer's cache filling at a rate it held for
+        // a while), not a stall: excused, it cost two more violating cycles before the cut.
+        (worst >= PROBE_STALL_FRACTION
+            && jump >= STALL_FACTOR.ln().max(bar)
+            && !now.pushes_more_than(&level))
+        .then(|| Stall {
             level: mean.exp(),
             beyond_full_load,
         })
