@@ -443,6 +443,17 @@ impl Agent {
 
     /// An agent enforcing `config` at a 1 s cycle, with its journal in `journal`.
     pub fn start_controlling(config: &Path, journal: &Path, extra: &[&str]) -> Self {
+        Agent::start_controlling_as(None, config, journal, extra)
+    }
+
+    /// As [`Agent::start_controlling`], in another agent binary when `binary` is given (an
+    /// A/B of two builds in one run).
+    pub fn start_controlling_as(
+        binary: Option<PathBuf>,
+        config: &Path,
+        journal: &Path,
+        extra: &[&str],
+    ) -> Self {
         let mut args = vec![
             "--interval",
             "1s",
@@ -452,7 +463,20 @@ impl Agent {
             journal.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        Agent::start(&args)
+        match binary {
+            None => Agent::start(&args),
+            // The wrapper drops the binary under test that spawning appends, and runs `bin`.
+            Some(bin) => Agent::start_wrapped(
+                &[
+                    "sh",
+                    "-c",
+                    "shift; exec \"$0\" \"$@\"",
+                    bin.to_str().unwrap(),
+                ],
+                &args,
+                &[],
+            ),
+        }
     }
 
     pub fn events(&self) -> Vec<Value> {

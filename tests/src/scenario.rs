@@ -111,7 +111,9 @@ pub enum Mode {
     None,
     /// The aggressor capped at this many MB/s by hand, for the whole run.
     Static(u64),
-    /// A policy writes limits.
+    /// A policy writes limits. `policy@REV` runs it in the agent built at another commit,
+    /// `target/ab/isolator-REV`, for an A/B of two agents in one run (modes alternated, as
+    /// the disk drifts within minutes).
     Policy(String),
     /// Proportional weights by hand for the whole run, no cap: the victim's and the
     /// aggressor's (`io.weight` under iocost in the v2 guest).
@@ -124,10 +126,28 @@ impl Mode {
     pub fn agent_args(&self) -> Vec<String> {
         let mut args = vec!["--policy".to_string()];
         match self {
-            Mode::Policy(p) => args.push(p.clone()),
+            Mode::Policy(p) => args.push(p.split('@').next().unwrap_or(p).to_string()),
             _ => args.extend(["adaptive".into(), "--dry-run".into()]),
         }
         args
+    }
+
+    /// The agent binary of a `policy@REV` mode (None: the one under test).
+    pub fn agent_binary(&self) -> Result<Option<PathBuf>, String> {
+        let Mode::Policy(p) = self else {
+            return Ok(None);
+        };
+        let Some((_, rev)) = p.split_once('@') else {
+            return Ok(None);
+        };
+        let bin = crate::workspace_root().join(format!("target/ab/isolator-{rev}"));
+        if !bin.is_file() {
+            return Err(format!(
+                "mode {p}: no agent at {}; build one with `git worktree add /var/tmp/ab-{rev} {rev} && (cd /var/tmp/ab-{rev} && cargo xtask build)` and copy its target/x86_64-unknown-linux-musl/release/isolator there",
+                bin.display()
+            ));
+        }
+        Ok(Some(bin))
     }
 
     pub fn label(&self) -> String {
@@ -330,7 +350,7 @@ pub fn run_once(
     let journal = scratch.path("journal");
     let args = mode.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = Agent::start_controlling(&config, &journal, &args);
+    let mut agent = Agent::start_controlling_as(mode.agent_binary()?, &config, &journal, &args);
     let aggressor_file = files.aggressor(a)?;
     let lat_log = scratch.path("reader");
     let on_total = scenario.on_s * u64::from(scenario.times)

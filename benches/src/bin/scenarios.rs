@@ -44,6 +44,11 @@ use isolator_tests::{
 
 const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
 
+/// A policy's mode: its name, or `name@REV` for the agent built at another commit.
+fn is_policy(mode: &str) -> bool {
+    POLICIES.contains(&mode.split('@').next().unwrap_or(mode))
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -134,7 +139,7 @@ fn run() -> Result<()> {
             "--events-dir" => events_dir = Some(val()?.into()),
             _ => bail!(
                 "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer] \
-                 [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}] \
+                 [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}[@REV]] \
                  [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--pg-caps ..] [--vm-caps ..] \
                  [--vm-slo-ms N] [--weights V/A,..] [--iocost-qos 'rpct=.. rlat=..'] [--events-dir DIR]",
                 POLICIES.join(",")
@@ -142,8 +147,13 @@ fn run() -> Result<()> {
         }
     }
     for m in &modes {
-        if !["none", "static", "weights"].contains(&m.as_str()) && !POLICIES.contains(&m.as_str()) {
-            bail!("--modes: unknown mode {m}; use none, static, weights or a policy name");
+        if !["none", "static", "weights"].contains(&m.as_str()) && !is_policy(m) {
+            bail!("--modes: unknown mode {m}; use none, static, weights or a policy name (policy@REV: the agent built at REV, in target/ab/isolator-REV)");
+        }
+        if is_policy(m) {
+            Mode::Policy(m.clone())
+                .agent_binary()
+                .map_err(anyhow::Error::msg)?;
         }
     }
     // Every scenario but the VM's runs on this host's disk.
@@ -565,7 +575,7 @@ fn report_pg(
         .collect();
     let shares: Vec<String> = results
         .iter()
-        .filter(|(l, _)| POLICIES.contains(&l.as_str()))
+        .filter(|(l, _)| is_policy(l))
         .map(|(l, outs)| format!("{l} {}", share_of_best(outs, &best_io, rate)))
         .collect();
     println!();
@@ -748,7 +758,8 @@ fn report(
             );
         }
         if sc.times > 1 {
-            for label in ["adaptive"] {
+            let policies = results.keys().filter(|(i, l)| *i == si && is_policy(l));
+            for (_, label) in policies {
                 if let Some(outs) = results.get(&(si, label.to_string())) {
                     let lifts: Vec<String> = outs
                         .iter()
