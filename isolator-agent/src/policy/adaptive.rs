@@ -172,7 +172,11 @@ const CLIMB_MAX_FACTOR: f64 = 2.0;
 /// 0.8 sat where one cycle in ten reached the target, and the re-probe from it once its
 /// knee expired cost three violating cycles in 28 (the simulator's on/off writer).
 const PROBE_AIM: f64 = 0.75;
-/// Where a doubling search's line aims (see [`Search::double_toward`]).
+/// Where a doubling search's line aims (see [`Search::double_toward`]): the target, not
+/// [`PROBE_AIM`]. The line from the latency floor is steep; aimed at 0.75 it held the
+/// simulator's late-arriving writer under the plateau below its cliff (384 MB/s against a
+/// best static 430); at the target it changes nothing there and still stops short of a
+/// wall.
 const DOUBLING_AIM: f64 = 1.0;
 /// A probe that line puts under this gain is not made: the cap is at the aim already.
 const MIN_PROBE_GAIN: f64 = 1.05;
@@ -394,7 +398,7 @@ impl Search {
 
     /// Where a search without a knee goes from `cap` (at its window's `level`): double it,
     /// or less where the line through the last held cap's level and this one's (log-log)
-    /// reaches [`PROBE_AIM`] of the target first. None: the line puts the aim under
+    /// reaches [`DOUBLING_AIM`] of the target first. None: the line puts the aim under
     /// [`MIN_PROBE_GAIN`], so no raise. Seen on the test disk: a writer at 0.01 of its
     /// target under 147 MB/s and 0.25 under 295 doubled to 589 and put the reader at 8-12
     /// times its target (the line: 375 MB/s; a later probe to 380 held, 435 broke).
@@ -1622,7 +1626,7 @@ impl Adaptive {
                 ),
                 (None, None) if knee_unknown && on_line => format!(
                     "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the last held cap's reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
-                    PROBE_AIM * 100.0
+                    DOUBLING_AIM * 100.0
                 ),
                 (None, None) if knee_unknown => {
                     "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into()
