@@ -401,7 +401,8 @@ impl Search {
     /// reaches [`DOUBLING_AIM`] of the target first. None: the line puts the aim under
     /// [`MIN_PROBE_GAIN`], so no raise. Seen on the test disk: a writer at 0.01 of its
     /// target under 147 MB/s and 0.25 under 295 doubled to 589 and put the reader at 8-12
-    /// times its target (the line: 375 MB/s; a later probe to 380 held, 435 broke).
+    /// times its target (the line reaches the target at ~400 MB/s; a later probe to 380
+    /// held, 435 broke).
     fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<u64> {
         let doubled = cap.saturating_mul(2);
         let below = self
@@ -986,11 +987,7 @@ impl Adaptive {
                 *merged.entry(b).or_default() += n;
             }
             let sparse: Vec<(u16, u64)> = merged.into_iter().collect();
-            // Judged as a cycle is (`ServiceLoad::judged_p999`).
-            if total < crate::policy::MIN_JUDGED_SAMPLES
-                && crate::measure::metrics::percentile(&sparse, total, 0.5)
-                    .is_none_or(|p50| p50 <= slo)
-            {
+            if !crate::policy::enough_to_judge(&sparse, total, slo) {
                 continue;
             }
             let Some(p) = crate::measure::metrics::percentile(&sparse, total, 0.999) else {

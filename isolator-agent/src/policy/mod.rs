@@ -30,6 +30,12 @@ pub const MIN_JUDGED_SAMPLES: u64 = 50;
 pub const MIN_CAP_BPS: u64 = 1 << 20;
 pub const MIN_CAP_IOPS: u64 = 10;
 
+/// Whether a latency histogram (`samples` I/Os, target `slo_ns`) is judged: with
+/// [`MIN_JUDGED_SAMPLES`] or more, or with fewer when most were slower than the target.
+pub(crate) fn enough_to_judge(hist: &[(u16, u64)], samples: u64, slo_ns: u64) -> bool {
+    samples >= MIN_JUDGED_SAMPLES || percentile(hist, samples, 0.5).is_some_and(|p50| p50 > slo_ns)
+}
+
 /// One io.max / blkio.throttle knob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -165,11 +171,10 @@ impl ServiceLoad {
     /// starved behind a writer makes few I/Os, and then their fewness is the symptom, not
     /// noise (a QD1 reader at 30 ms an I/O makes 34 in a second).
     pub fn judged_p999(&self) -> Option<u64> {
-        if self.samples >= MIN_JUDGED_SAMPLES {
-            return self.p999_ns;
-        }
-        let median = percentile(&self.latency_hist, self.samples, 0.5)?;
-        (median > self.slo_ns()?).then_some(self.p999_ns).flatten()
+        let slo = self.slo_ns().unwrap_or(u64::MAX);
+        enough_to_judge(&self.latency_hist, self.samples, slo)
+            .then_some(self.p999_ns)
+            .flatten()
     }
     /// Violation degree (paper 001 eq. 1): (L - SLO) / SLO; for throughput services the
     /// missing fraction of the target.
