@@ -381,30 +381,39 @@ impl Agent {
     /// As [`Agent::start_with_env`], run through `wrapper` (e.g. `setpriv` and its
     /// arguments), which execs the agent's command line that follows it.
     pub fn start_wrapped(wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut agent = Agent::spawn(wrapper, extra, env);
+        Agent::spawn(wrapper, extra, env).started()
+    }
+
+    /// Waits for its `agent_start`; panics with the agent's stderr if it exits first.
+    fn started(mut self) -> Self {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !agent.events().iter().any(|e| e["type"] == "agent_start") {
+        while !self.events().iter().any(|e| e["type"] == "agent_start") {
             // An agent that refused to start (a bad flag, another agent enforcing on the
             // host) says why on stderr.
-            if !agent.running() {
-                let (status, stderr) = agent.wait_exit(Duration::from_secs(1));
+            if !self.running() {
+                let (status, stderr) = self.wait_exit(Duration::from_secs(1));
                 panic!("the agent exited before agent_start ({status}): {stderr}");
             }
             assert!(
                 Instant::now() < deadline,
                 "no agent_start within 30 s; got: {:?}",
-                agent.events()
+                self.events()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        agent
+        self
     }
 
     /// As [`Agent::start_wrapped`], without waiting for `agent_start`.
     pub fn spawn(wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Agent::spawn_bin(&isolator_bin(), wrapper, extra, env)
+    }
+
+    /// As [`Agent::spawn`], of the agent binary `bin`.
+    fn spawn_bin(bin: &Path, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let scratch = Scratch::new();
         let events = scratch.path("events.ndjson");
-        Agent::spawn_writing(scratch, events, wrapper, extra, env)
+        Agent::launch(bin, scratch, events, wrapper, extra, env)
     }
 
     /// As [`Agent::spawn`], writing its events to `events` (kept with `scratch`).
@@ -415,13 +424,24 @@ impl Agent {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Agent::launch(&isolator_bin(), scratch, events, wrapper, extra, env)
+    }
+
+    fn launch(
+        bin: &Path,
+        scratch: Scratch,
+        events: PathBuf,
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(isolator_bin());
+                c.args(args).arg(bin);
                 c
             }
-            None => Command::new(isolator_bin()),
+            None => Command::new(bin),
         };
         cmd.args(["run", "--json", events.to_str().unwrap()])
             .args(extra)
@@ -463,20 +483,7 @@ impl Agent {
             journal.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        match binary {
-            None => Agent::start(&args),
-            // The wrapper drops the binary under test that spawning appends, and runs `bin`.
-            Some(bin) => Agent::start_wrapped(
-                &[
-                    "sh",
-                    "-c",
-                    "shift; exec \"$0\" \"$@\"",
-                    bin.to_str().unwrap(),
-                ],
-                &args,
-                &[],
-            ),
-        }
+        Agent::spawn_bin(&binary.unwrap_or_else(isolator_bin), &[], &args, &[]).started()
     }
 
     pub fn events(&self) -> Vec<Value> {

@@ -120,13 +120,21 @@ pub enum Mode {
     Weights(u32, u32),
 }
 
+/// A policy mode's policy name and the commit whose agent runs it (`adaptive@fb7c3c9`).
+pub fn policy_and_rev(mode: &str) -> (&str, Option<&str>) {
+    match mode.split_once('@') {
+        Some((policy, rev)) => (policy, Some(rev)),
+        None => (mode, None),
+    }
+}
+
 impl Mode {
     /// The agent's arguments for this mode: the policy, or `adaptive` in `--dry-run` when
     /// nothing but the mode's own static caps may limit.
     pub fn agent_args(&self) -> Vec<String> {
         let mut args = vec!["--policy".to_string()];
         match self {
-            Mode::Policy(p) => args.push(p.split('@').next().unwrap_or(p).to_string()),
+            Mode::Policy(p) => args.push(policy_and_rev(p).0.to_string()),
             _ => args.extend(["adaptive".into(), "--dry-run".into()]),
         }
         args
@@ -137,7 +145,7 @@ impl Mode {
         let Mode::Policy(p) = self else {
             return Ok(None);
         };
-        let Some((_, rev)) = p.split_once('@') else {
+        let (_, Some(rev)) = policy_and_rev(p) else {
             return Ok(None);
         };
         let bin = crate::workspace_root().join(format!("target/ab/isolator-{rev}"));

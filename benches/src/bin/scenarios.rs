@@ -46,7 +46,7 @@ const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
 
 /// A policy's mode: its name, or `name@REV` for the agent built at another commit.
 fn is_policy(mode: &str) -> bool {
-    POLICIES.contains(&mode.split('@').next().unwrap_or(mode))
+    POLICIES.contains(&scenario::policy_and_rev(mode).0)
 }
 
 fn main() -> std::process::ExitCode {

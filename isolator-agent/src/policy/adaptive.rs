@@ -13,8 +13,8 @@
 //!   not hold in its first full cycle is cut again by at least three quarters. The rate
 //!   that broke the SLO is the knee, unless the aggressor arrived in that cycle (its mean
 //!   rate there understates it): then the search doubles the cap until a probe breaks, or
-//!   raises it less where the line through the last two held caps' p99.9s (log-log)
-//!   reaches the target first.
+//!   raises it less where the line through the p99.9s of this cap and the one it was
+//!   raised from (log-log) reaches the target first.
 //! - Then a bisection in log space between the highest cap seen to hold (`good`: a window of
 //!   [`PROBE_CYCLES`] cycles without a violation or a near miss) and the lowest seen to break
 //!   an SLO (`bad`): a raise that breaks an SLO before it is confirmed goes back to `good`
@@ -307,10 +307,10 @@ struct Search {
     /// Cut on arrival, from a cycle it ran only part of: the rate that broke the SLO is not
     /// known, and the search doubles the cap until a probe finds it.
     knee_unknown: bool,
-    /// The last two caps that held through a probe window, newest first, and their levels
-    /// (mean log of the worst latency service's p99.9 fraction under each): the line a
-    /// doubling search extends (see [`Search::double_toward`]).
-    held_levels: [Option<(u64, f64)>; 2],
+    /// The cap the last raise came from and its window's level then (mean log of the worst
+    /// latency service's p99.9 fraction): the line a doubling search extends (see
+    /// [`Search::double_toward`]).
+    raised_from: Option<(u64, f64)>,
     /// The cycle of the last raise without a trusted knee from a cap that held far under
     /// every target, and how many such raises came in a row (see [`CLIMB_MAX_FACTOR`]). It
     /// counts only while that raise is the cap's last change: any other change (a cut, a
@@ -397,7 +397,8 @@ impl Search {
     }
 
     /// Where a search without a knee goes from `cap` (at its window's `level`): double it,
-    /// or less where the line through the last held cap's level and this one's (log-log)
+    /// or less where the line through the level of the cap it was raised from and this
+    /// one's (log-log)
     /// reaches [`DOUBLING_AIM`] of the target first. None: the line puts the aim under
     /// [`MIN_PROBE_GAIN`], so no raise. Seen on the test disk: a writer at 0.01 of its
     /// target under 147 MB/s and 0.25 under 295 doubled to 589 and put the reader at 8-12
@@ -405,11 +406,7 @@ impl Search {
     /// held, 435 broke).
     fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<u64> {
         let doubled = cap.saturating_mul(2);
-        let below = self
-            .held_levels
-            .into_iter()
-            .flatten()
-            .find(|&(c0, _)| c0 < cap);
+        let below = self.raised_from.filter(|&(c0, _)| c0 < cap);
         let line = below.zip(level).and_then(|((c0, m0), (m1, n))| {
             let span = (cap as f64 / c0 as f64).ln();
             let slope = (m1 - m0) / span;
@@ -636,9 +633,12 @@ impl RecentLoads {
         now: &DeviceLoad,
         full_load: Option<(ServiceId, FullLoadHarm)>,
     ) -> Option<Stall> {
-        let worst = now.worst.filter(|&w| w > 1.0)?;
-        let beyond =
-            full_load.filter(|(_, h)| worst >= PROBE_STALL_FRACTION.max(STALL_FACTOR * h.fraction));
+        // Under a cap, harm puts the victim at 0.8-3 times its target; the disk's own stalls
+        // at 4 and more (see [`PROBE_STALL_FRACTION`]). A jump from a low level to 2x is a
+        // wall the cap reached (a writer's cache filling at a rate it held for a while):
+        // excused, it cost two more violating cycles before the cut.
+        let worst = now.worst.filter(|&w| w >= PROBE_STALL_FRACTION)?;
+        let beyond = full_load.filter(|(_, h)| worst >= STALL_FACTOR * h.fraction);
         let beyond_full_load = beyond.map(|(_, h)| h.fraction);
         // An aggressor's arrival and its first cut are its own, and that cut's first cycle
         // too unless it is beyond what the full load did.
@@ -685,14 +685,7 @@ impl RecentLoads {
         let mean = mean(&level);
         let jump = worst.ln() - mean;
         let bar = STALL_SIGMAS * h.sigma();
-        // Under a cap that held, harm puts the victim at 0.8-3 times its target; the disk's
-        // own stalls at 4 and more (see [`PROBE_STALL_FRACTION`]). A jump from a low level
-        // to 2x is a wall the cap reached (a writer's cache filling at a rate it held for
-        // a while), not a stall: excused, it cost two more violating cycles before the cut.
-        (worst >= PROBE_STALL_FRACTION
-            && jump >= STALL_FACTOR.ln().max(bar)
-            && !now.pushes_more_than(&level))
-        .then(|| Stall {
+        (jump >= STALL_FACTOR.ln().max(bar) && !now.pushes_more_than(&level)).then(|| Stall {
             level: mean.exp(),
             beyond_full_load,
         })
@@ -1059,15 +1052,8 @@ impl Adaptive {
                 continue;
             };
             if h.clean_window(window_start(s), d.cycle) {
-                let level = h.level_since(window_start(s));
                 let st = self.searches.entry((d.dev, s.id)).or_default();
                 st.good = Some(cap);
-                if let Some((mean, _)) = level {
-                    if st.held_levels[0].is_some_and(|(c, _)| c != cap) {
-                        st.held_levels[1] = st.held_levels[0];
-                    }
-                    st.held_levels[0] = Some((cap, mean));
-                }
                 st.before_raise = None;
                 st.stalled_probe = st.stalled_probe.filter(|p| p.to > cap);
             }
@@ -1320,6 +1306,8 @@ impl Adaptive {
             // A knee still trusted from its last visit stands; without one, the search
             // doubles until a probe finds it.
             st.knee_unknown = st.bad(d.cycle).is_none();
+            // Its last visit's levels are not this one's.
+            st.raised_from = None;
         } else {
             // The knee is the rate that broke the SLO, which may be above a cap not yet in
             // force.
@@ -1600,6 +1588,7 @@ impl Adaptive {
             return out; // at the ceiling, or no room under the device's knee
         }
         st.start_probe(cap);
+        st.raised_from = h.level_since(from).map(|(mean, _)| (cap, mean));
         st.climb = climbing.then_some((d.cycle, streak + 1));
         let worst = worst_latency_service(d).map_or(0.0, |(_, f)| f);
         out.extend(cap_bandwidth(
@@ -1622,7 +1611,7 @@ impl Adaptive {
                     bad as f64 / 1e6
                 ),
                 (None, None) if knee_unknown && on_line => format!(
-                    "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the last held cap's reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
+                    "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the one it was raised from reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
                     DOUBLING_AIM * 100.0
                 ),
                 (None, None) if knee_unknown => {
@@ -1927,7 +1916,7 @@ mod tests {
     use crate::policy::sim::{SimDisk, SimService};
 
     /// The doubling search after an arrival (no knee known) extends the line through the
-    /// last held cap's p99.9 and this one's: CI's container run, a writer at 0.01 of the
+    /// p99.9 of the cap it was raised from and this one's: CI's container run, a writer at 0.01 of the
     /// target under 147 MB/s and 0.25 under 295, doubled to 589 and put the reader at 8-12
     /// times its target; the line stops at the target, ~400 MB/s. On the latency floor
     /// (no slope) it doubles; at the aim already, it does not raise.
@@ -1937,7 +1926,7 @@ mod tests {
         let search = |below: f64, now: f64| {
             Search {
                 knee_unknown: true,
-                held_levels: [Some((147 * mb, below.ln())), None],
+                raised_from: Some((147 * mb, below.ln())),
                 ..Default::default()
             }
             .double_toward(295 * mb, Some((now.ln(), 3)))
@@ -1946,7 +1935,7 @@ mod tests {
         assert!((380 * mb..420 * mb).contains(&steep), "{} MB/s", steep / mb);
         assert_eq!(search(0.01, 0.012), Some(590 * mb), "on the floor: double");
         assert_eq!(search(0.3, 0.98), None, "at the target already");
-        // Without a held cap under this one there is no line.
+        // Without a cap it was raised from, under this one, there is no line.
         let first = Search::default().double_toward(295 * mb, Some((0.25f64.ln(), 3)));
         assert_eq!(first, Some(590 * mb));
     }

@@ -171,10 +171,11 @@ impl ServiceLoad {
     /// starved behind a writer makes few I/Os, and then their fewness is the symptom, not
     /// noise (a QD1 reader at 30 ms an I/O makes 34 in a second).
     pub fn judged_p999(&self) -> Option<u64> {
-        let slo = self.slo_ns().unwrap_or(u64::MAX);
-        enough_to_judge(&self.latency_hist, self.samples, slo)
-            .then_some(self.p999_ns)
-            .flatten()
+        let judged = match self.slo_ns() {
+            Some(slo) => enough_to_judge(&self.latency_hist, self.samples, slo),
+            None => self.samples >= MIN_JUDGED_SAMPLES,
+        };
+        judged.then_some(self.p999_ns).flatten()
     }
     /// Violation degree (paper 001 eq. 1): (L - SLO) / SLO; for throughput services the
     /// missing fraction of the target.
