@@ -317,10 +317,9 @@ struct Search {
     /// Cut on arrival, from a cycle it ran only part of: the rate that broke the SLO is not
     /// known, and the search doubles the cap until a probe finds it.
     knee_unknown: bool,
-    /// The cap the last raise came from and its window's level then (mean log of the worst
-    /// latency service's p99.9 fraction): the line a doubling search extends (see
-    /// [`Search::double_toward`]).
-    raised_from: Option<(u64, f64)>,
+    /// The cap the last raise came from and its window's level then: the line a doubling
+    /// search extends (see [`Search::double_toward`]).
+    raised_from: Option<RaisedFrom>,
     /// The cycle of the last raise without a trusted knee from a cap that held far under
     /// every target, and how many such raises came in a row (see [`CLIMB_MAX_FACTOR`]). It
     /// counts only while that raise is the cap's last change: any other change (a cut, a
@@ -334,6 +333,35 @@ struct Search {
     /// The cycle of a raise whose transition already ran the service at the raised cap
     /// (see [`Adaptive::probe_window_start`]).
     raise_in_force: Option<u64>,
+}
+
+/// Where a doubling search's last raise came from.
+#[derive(Debug, Clone, Copy)]
+struct RaisedFrom {
+    cap: u64,
+    /// Mean log of the worst latency service's p99.9 fraction over the cap's window.
+    level: f64,
+    /// The raise went where the line reached the target, short of doubling.
+    on_line: bool,
+}
+
+/// A doubling search's next step (see [`Search::double_toward`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DoublingStep {
+    Double(u64),
+    /// To where the line through the last two caps' levels reaches the target.
+    Line(u64),
+    /// By [`CREEP_FAR_FACTOR`]: the last raise followed the line and this cap's level
+    /// contradicts it (flat or lower), which is noise, not a floor.
+    Creep(u64),
+}
+
+impl DoublingStep {
+    fn to(self) -> u64 {
+        match self {
+            Self::Double(to) | Self::Line(to) | Self::Creep(to) => to,
+        }
+    }
 }
 
 /// What a service's full load did to the victim it was cut for, as it was cut from uncapped.
@@ -411,25 +439,31 @@ impl Search {
 
     /// Where a search without a knee goes from `cap` (at its window's `level`): double it,
     /// or less where the line through the level of the cap it was raised from and this
-    /// one's (log-log)
-    /// reaches [`DOUBLING_AIM`] of the target first. None: the line puts the aim under
-    /// [`MIN_PROBE_GAIN`], so no raise. Seen on the test disk: a writer at 0.01 of its
-    /// target under 147 MB/s and 0.25 under 295 doubled to 589 and put the reader at 8-12
-    /// times its target (the line reaches the target at ~400 MB/s; a later probe to 380
-    /// held, 435 broke).
-    fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<u64> {
+    /// one's (log-log) reaches [`DOUBLING_AIM`] of the target first. None: the line puts
+    /// the aim under [`MIN_PROBE_GAIN`], so no raise. Seen on the test disk: a writer at
+    /// 0.01 of its target under 147 MB/s and 0.25 under 295 doubled to 589 and put the
+    /// reader at 8-12 times its target (the line reaches the target at ~400 MB/s; a later
+    /// probe to 380 held, 435 broke). After a raise the line limited, a flat or falling line
+    /// is noise (seen: 0.48 of the target at 198 MB/s, the line's raise to 237 then read
+    /// 0.13 over two cycles, and the doubling to 475 put the reader at 4x its target):
+    /// it creeps.
+    fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<DoublingStep> {
         let doubled = cap.saturating_mul(2);
-        let below = self.raised_from.filter(|&(c0, _)| c0 < cap);
-        let line = below.zip(level).and_then(|((c0, m0), (m1, n))| {
-            let span = (cap as f64 / c0 as f64).ln();
-            let slope = (m1 - m0) / span;
+        let below = self.raised_from.filter(|r| r.cap < cap);
+        let line = below.zip(level).and_then(|(r, (m1, n))| {
+            let span = (cap as f64 / r.cap as f64).ln();
+            let slope = (m1 - r.level) / span;
             (n >= PROBE_CYCLES as usize && slope >= MIN_PROBE_SLOPE)
                 .then(|| cap as f64 * ((DOUBLING_AIM.ln() - m1) / slope).exp())
         });
         match line {
             Some(to) if to < cap as f64 * MIN_PROBE_GAIN => None,
-            Some(to) => Some((to as u64).min(doubled)),
-            None => Some(doubled),
+            Some(to) if (to as u64) < doubled => Some(DoublingStep::Line(to as u64)),
+            Some(_) => Some(DoublingStep::Double(doubled)),
+            None if below.is_some_and(|r| r.on_line) => {
+                Some(DoublingStep::Creep((cap as f64 * CREEP_FAR_FACTOR) as u64))
+            }
+            None => Some(DoublingStep::Double(doubled)),
         }
     }
 
@@ -1582,6 +1616,7 @@ impl Adaptive {
             .filter(|&(c, _)| s.changed_cycle == Some(c))
             .map_or(0, |(_, n)| n);
         let mut on_line = false;
+        let mut doubling = None;
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => {
@@ -1596,9 +1631,9 @@ impl Adaptive {
                 }
             }
             None if knee_unknown => match st.double_toward(cap, h.level_since(from)) {
-                Some(to) => {
-                    on_line = to < cap.saturating_mul(2);
-                    to
+                Some(step) => {
+                    doubling = Some(step);
+                    step.to()
                 }
                 None => return out,
             },
@@ -1626,7 +1661,11 @@ impl Adaptive {
             return out; // at the ceiling, or no room under the device's knee
         }
         st.start_probe(cap);
-        st.raised_from = h.level_since(from).map(|(mean, _)| (cap, mean));
+        st.raised_from = h.level_since(from).map(|(level, _)| RaisedFrom {
+            cap,
+            level,
+            on_line: matches!(doubling, Some(DoublingStep::Line(_))),
+        });
         st.climb = climbing.then_some((d.cycle, streak + 1));
         let worst = worst_latency_service(d).map_or(0.0, |(_, f)| f);
         out.extend(cap_bandwidth(
@@ -1648,13 +1687,17 @@ impl Adaptive {
                     "every SLO held under this cap: probe half-way to the knee at {:.0} MB/s",
                     bad as f64 / 1e6
                 ),
-                (None, None) if knee_unknown && on_line => format!(
-                    "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the one it was raised from reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
-                    DOUBLING_AIM * 100.0
-                ),
-                (None, None) if knee_unknown => {
-                    "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into()
-                }
+                (None, None) if knee_unknown => match doubling {
+                    Some(DoublingStep::Line(_)) => format!(
+                        "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the one it was raised from reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
+                        DOUBLING_AIM * 100.0
+                    ),
+                    Some(DoublingStep::Creep(_)) => format!(
+                        "every SLO held under this cap: raise it by {:.0} %, not double it (the last raise stopped where the line reached the target, and this cap's p99.9 is no lower on the curve but noise)",
+                        (CREEP_FAR_FACTOR - 1.0) * 100.0
+                    ),
+                    _ => "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into(),
+                },
                 (None, None) => format!(
                     "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth, +{:.0} %",
                     worst * 100.0,
@@ -1961,21 +2004,40 @@ mod tests {
     #[test]
     fn a_doubling_search_stops_where_the_line_reaches_the_target() {
         let mb = 1_000_000u64;
-        let search = |below: f64, now: f64| {
+        let search = |below: f64, now: f64, on_line: bool| {
             Search {
                 knee_unknown: true,
-                raised_from: Some((147 * mb, below.ln())),
+                raised_from: Some(RaisedFrom {
+                    cap: 147 * mb,
+                    level: below.ln(),
+                    on_line,
+                }),
                 ..Default::default()
             }
             .double_toward(295 * mb, Some((now.ln(), 3)))
         };
-        let steep = search(0.01, 0.25).expect("a raise");
+        let Some(DoublingStep::Line(steep)) = search(0.01, 0.25, false) else {
+            panic!("no raise on the line");
+        };
         assert!((380 * mb..420 * mb).contains(&steep), "{} MB/s", steep / mb);
-        assert_eq!(search(0.01, 0.012), Some(590 * mb), "on the floor: double");
-        assert_eq!(search(0.3, 0.98), None, "at the target already");
+        assert_eq!(
+            search(0.01, 0.012, false),
+            Some(DoublingStep::Double(590 * mb)),
+            "on the floor: double"
+        );
+        assert_eq!(search(0.3, 0.98, false), None, "at the target already");
+        // Raised on the line to here, and the line falls: noise, a creep.
+        assert_eq!(
+            search(0.48, 0.13, true),
+            Some(DoublingStep::Creep((295.0 * 1e6 * CREEP_FAR_FACTOR) as u64))
+        );
+        assert_eq!(
+            search(0.48, 0.13, false),
+            Some(DoublingStep::Double(590 * mb))
+        );
         // Without a cap it was raised from, under this one, there is no line.
         let first = Search::default().double_toward(295 * mb, Some((0.25f64.ln(), 3)));
-        assert_eq!(first, Some(590 * mb));
+        assert_eq!(first, Some(DoublingStep::Double(590 * mb)));
     }
 
     fn pair() -> SimDisk {
