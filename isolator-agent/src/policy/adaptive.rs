@@ -72,8 +72,8 @@ const SAME_KNEE: f64 = 0.15;
 /// Full cycles after a change (its transition not counted: it still carries the old cap's
 /// latency) that must pass without a violation or a near miss before the cap counts as
 /// holding. A violation in the transition of a raise still fails the raise, and a raise's
-/// transition in which the service already ran at the raised cap counts as the window's
-/// first cycle: the cap is written a few ms into it, and a throttled service's queue runs
+/// transition in which the service already took most of the raise (its rate at least 80 %
+/// of the way from the old cap to the new) counts as the window's first cycle: the cap is written a few ms into it, and a throttled service's queue runs
 /// at the new rate at once (on the test disk every raise's transition ran at 99-100 % of
 /// the new cap, and every raise that broke, broke there). Three cycles a step left a
 /// doubling search from an arrival's cut still doubling ten cycles later.
@@ -341,7 +341,8 @@ struct RaisedFrom {
     cap: u64,
     /// Mean log of the worst latency service's p99.9 fraction over the cap's window.
     level: f64,
-    /// The raise went where the line reached the target, short of doubling.
+    /// The raise went where the line reached the target, short of doubling, or crept
+    /// after such a raise: while the line then reads flat, the search keeps creeping.
     on_line: bool,
 }
 
@@ -446,7 +447,7 @@ impl Search {
     /// probe to 380 held, 435 broke). After a raise the line limited, a flat or falling line
     /// is noise (seen: 0.48 of the target at 198 MB/s, the line's raise to 237 then read
     /// 0.13 over two cycles, and the doubling to 475 put the reader at 4x its target):
-    /// it creeps.
+    /// it creeps, and keeps creeping while the line reads flat.
     fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<DoublingStep> {
         let doubled = cap.saturating_mul(2);
         let below = self.raised_from.filter(|r| r.cap < cap);
@@ -460,7 +461,9 @@ impl Search {
             Some(to) if to < cap as f64 * MIN_PROBE_GAIN => None,
             Some(to) if (to as u64) < doubled => Some(DoublingStep::Line(to as u64)),
             Some(_) => Some(DoublingStep::Double(doubled)),
-            None if below.is_some_and(|r| r.on_line) => {
+            None if below.is_some_and(|r| r.on_line)
+                && level.is_some_and(|(_, n)| n >= PROBE_CYCLES as usize) =>
+            {
                 Some(DoublingStep::Creep((cap as f64 * CREEP_FAR_FACTOR) as u64))
             }
             None => Some(DoublingStep::Double(doubled)),
@@ -1094,12 +1097,17 @@ impl Adaptive {
             let Some(cap) = s.limit.total_bps() else {
                 continue;
             };
-            let st = self.searches.entry((d.dev, s.id)).or_default();
-            // A raise's transition (this cycle) at the raised cap is a probe cycle.
+            // A raise's transition (this cycle) at the raised cap is a probe cycle: the
+            // service took most of the raise there, not only its old cap (a raise of 25 %
+            // or less is under the old cap's rate at 80 % of the new one).
             let transition = s.changed_cycle.filter(|&c| c + 1 == d.cycle);
-            if transition.is_some() && st.before_raise.is_some() && s.bps() >= cap as f64 * BINDING
-            {
-                st.raise_in_force = transition;
+            if let (Some(_), Some(st)) = (transition, self.searches.get_mut(&(d.dev, s.id))) {
+                if let Some(prev) = st.before_raise {
+                    let took = prev as f64 + BINDING * cap.saturating_sub(prev) as f64;
+                    if s.bps() >= took {
+                        st.raise_in_force = transition;
+                    }
+                }
             }
             let from = self.probe_window_start(d.dev, s);
             let h = self.devices.entry(d.dev).or_default();
@@ -1596,7 +1604,9 @@ impl Adaptive {
         // Far under every target but within reach of a knee a broken probe found, the
         // latency says nothing of where the wall is (a writer's reads on the test disk at
         // 2-5 % of their target up to 274 MB/s, broken at 388): the wait applies there too.
-        // Not under a knee a cut found (a slow spell of the disk may have set it).
+        // Not under a knee a cut found (a slow spell of the disk may have set it). Settled,
+        // the search also stops 1.2x under such a knee, where it is not doubted: it is
+        // probed again when its memory runs out.
         let under_probed_knee = bad.is_some() && st.knee.is_some_and(|k| k.fraction.is_some());
         let settled = d.cycle > h.episode_until + SEARCH_CYCLES
             && (!far_under_targets || under_probed_knee)
@@ -1664,7 +1674,10 @@ impl Adaptive {
         st.raised_from = h.level_since(from).map(|(level, _)| RaisedFrom {
             cap,
             level,
-            on_line: matches!(doubling, Some(DoublingStep::Line(_))),
+            on_line: matches!(
+                doubling,
+                Some(DoublingStep::Line(_) | DoublingStep::Creep(_))
+            ),
         });
         st.climb = climbing.then_some((d.cycle, streak + 1));
         let worst = worst_latency_service(d).map_or(0.0, |(_, f)| f);
@@ -1693,7 +1706,7 @@ impl Adaptive {
                         DOUBLING_AIM * 100.0
                     ),
                     Some(DoublingStep::Creep(_)) => format!(
-                        "every SLO held under this cap: raise it by {:.0} %, not double it (the last raise stopped where the line reached the target, and this cap's p99.9 is no lower on the curve but noise)",
+                        "every SLO held under this cap: raise it by {:.0} %, not double it (the last raise stopped where the line reached the target, and this cap's p99.9 is no higher than the last one's: noise, not the curve)",
                         (CREEP_FAR_FACTOR - 1.0) * 100.0
                     ),
                     _ => "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into(),
