@@ -57,13 +57,17 @@ impl Tmux {
     }
 
     /// The pane once the command has ended, its lines joined (a one-line message wraps).
+    /// Captured with `-J`: without it a space that falls in the last column is trimmed as
+    /// trailing and two words join (CI: "socketis", the scratch path's length moving the
+    /// wrap).
     fn ended(&self) -> String {
         self.wait_for(
             "the exit",
             |p| p.contains("TOP-EXIT="),
             Duration::from_secs(10),
-        )
-        .replace('\n', "")
+        );
+        self.tmux(&["capture-pane", "-p", "-J", "-t", "top"])
+            .replace('\n', "")
     }
 
     /// The pane once `pred` holds on it; panics with the pane after `timeout`.
