@@ -73,8 +73,8 @@ const SAME_KNEE: f64 = 0.15;
 /// latency) that must pass without a violation or a near miss before the cap counts as
 /// holding. A violation in the transition of a raise still fails the raise, and a raise's
 /// transition in which the service already took most of the raise (its rate at least 80 %
-/// of the way from the old cap to the new) counts as the window's first cycle: the cap is written a few ms into it, and a throttled service's queue runs
-/// at the new rate at once (on the test disk every raise's transition ran at 99-100 % of
+/// of the way from the old cap to the new) counts as the window's first cycle: the cap is
+/// written a few ms into it, and a throttled service's queue runs at the new rate at once (on the test disk every raise's transition ran at 99-100 % of
 /// the new cap, and every raise that broke, broke there). Three cycles a step left a
 /// doubling search from an arrival's cut still doubling ten cycles later.
 pub const PROBE_CYCLES: u64 = 2;
@@ -330,8 +330,8 @@ struct Search {
     uncapped_harm: Option<FullLoadHarm>,
     /// A probe that met a stall of the disk: run it again from the cap it fell back to.
     stalled_probe: Option<StalledProbe>,
-    /// The cycle of a raise whose transition already ran the service at the raised cap
-    /// (see [`Adaptive::probe_window_start`]).
+    /// The cycle of a raise whose transition already took most of the raise (see
+    /// [`PROBE_CYCLES`]).
     raise_in_force: Option<u64>,
 }
 
@@ -341,9 +341,9 @@ struct RaisedFrom {
     cap: u64,
     /// Mean log of the worst latency service's p99.9 fraction over the cap's window.
     level: f64,
-    /// The raise went where the line reached the target, short of doubling, or crept
-    /// after such a raise: while the line then reads flat, the search keeps creeping.
-    on_line: bool,
+    /// The raise stopped short of doubling (on the line, or a creep after such a raise):
+    /// while the line then reads flat, the search keeps creeping.
+    short_of_doubling: bool,
 }
 
 /// A doubling search's next step (see [`Search::double_toward`]).
@@ -451,22 +451,46 @@ impl Search {
     fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<DoublingStep> {
         let doubled = cap.saturating_mul(2);
         let below = self.raised_from.filter(|r| r.cap < cap);
-        let line = below.zip(level).and_then(|(r, (m1, n))| {
+        // Only a full window's level says where this cap is.
+        let measured = level.filter(|&(_, n)| n >= PROBE_CYCLES as usize);
+        let line = below.zip(measured).and_then(|(r, (m1, _))| {
             let span = (cap as f64 / r.cap as f64).ln();
             let slope = (m1 - r.level) / span;
-            (n >= PROBE_CYCLES as usize && slope >= MIN_PROBE_SLOPE)
+            (slope >= MIN_PROBE_SLOPE)
                 .then(|| cap as f64 * ((DOUBLING_AIM.ln() - m1) / slope).exp())
         });
         match line {
             Some(to) if to < cap as f64 * MIN_PROBE_GAIN => None,
             Some(to) if (to as u64) < doubled => Some(DoublingStep::Line(to as u64)),
             Some(_) => Some(DoublingStep::Double(doubled)),
-            None if below.is_some_and(|r| r.on_line)
-                && level.is_some_and(|(_, n)| n >= PROBE_CYCLES as usize) =>
-            {
+            None if measured.is_some() && below.is_some_and(|r| r.short_of_doubling) => {
                 Some(DoublingStep::Creep((cap as f64 * CREEP_FAR_FACTOR) as u64))
             }
             None => Some(DoublingStep::Double(doubled)),
+        }
+    }
+
+    /// Notes a raise of `s` (now at `cap`) whose transition, this `cycle`, took most of the
+    /// raise: its probe window starts there (see [`PROBE_CYCLES`]).
+    fn note_transition(&mut self, s: &ServiceLoad, cap: u64, cycle: u64) {
+        let (Some(changed), Some(prev)) = (s.changed_cycle, self.before_raise) else {
+            return;
+        };
+        // 80 % of the step, not of the cap: a raise of 25 % or less is under the old cap's
+        // rate at 80 % of the new one.
+        if changed + 1 == cycle
+            && s.bps() >= prev as f64 + BINDING * cap.saturating_sub(prev) as f64
+        {
+            self.raise_in_force = Some(changed);
+        }
+    }
+
+    /// The first cycle of `s`'s probe window: the first full cycle under its last change,
+    /// or that change's transition for a raise in force there (see [`PROBE_CYCLES`]).
+    fn probe_window_start(&self, s: &ServiceLoad) -> u64 {
+        match s.changed_cycle {
+            Some(c) if self.raise_in_force == Some(c) => c + 1,
+            _ => window_start(s),
         }
     }
 
@@ -1097,17 +1121,8 @@ impl Adaptive {
             let Some(cap) = s.limit.total_bps() else {
                 continue;
             };
-            // A raise's transition (this cycle) at the raised cap is a probe cycle: the
-            // service took most of the raise there, not only its old cap (a raise of 25 %
-            // or less is under the old cap's rate at 80 % of the new one).
-            let transition = s.changed_cycle.filter(|&c| c + 1 == d.cycle);
-            if let (Some(_), Some(st)) = (transition, self.searches.get_mut(&(d.dev, s.id))) {
-                if let Some(prev) = st.before_raise {
-                    let took = prev as f64 + BINDING * cap.saturating_sub(prev) as f64;
-                    if s.bps() >= took {
-                        st.raise_in_force = transition;
-                    }
-                }
+            if let Some(st) = self.searches.get_mut(&(d.dev, s.id)) {
+                st.note_transition(s, cap, d.cycle);
             }
             let from = self.probe_window_start(d.dev, s);
             let h = self.devices.entry(d.dev).or_default();
@@ -1120,18 +1135,11 @@ impl Adaptive {
         }
     }
 
-    /// The first cycle of `s`'s probe window: the first full cycle under its last change,
-    /// or that change's transition for a raise that ran at the raised cap in it (see
-    /// [`PROBE_CYCLES`]).
+    /// See [`Search::probe_window_start`].
     fn probe_window_start(&self, dev: u32, s: &ServiceLoad) -> u64 {
-        let in_force = self
-            .searches
+        self.searches
             .get(&(dev, s.id))
-            .and_then(|st| st.raise_in_force);
-        match s.changed_cycle {
-            Some(c) if in_force == Some(c) => c + 1,
-            _ => window_start(s),
-        }
+            .map_or_else(|| window_start(s), |st| st.probe_window_start(s))
     }
 
     fn throttle(
@@ -1607,7 +1615,9 @@ impl Adaptive {
         // Not under a knee a cut found (a slow spell of the disk may have set it). Settled,
         // the search also stops 1.2x under such a knee, where it is not doubted: it is
         // probed again when its memory runs out.
-        let under_probed_knee = bad.is_some() && st.knee.is_some_and(|k| k.fraction.is_some());
+        let under_probed_knee = st
+            .knee
+            .is_some_and(|k| k.fraction.is_some() && k.trusted(d.cycle).is_some());
         let settled = d.cycle > h.episode_until + SEARCH_CYCLES
             && (!far_under_targets || under_probed_knee)
             && !knee_unknown;
@@ -1674,7 +1684,7 @@ impl Adaptive {
         st.raised_from = h.level_since(from).map(|(level, _)| RaisedFrom {
             cap,
             level,
-            on_line: matches!(
+            short_of_doubling: matches!(
                 doubling,
                 Some(DoublingStep::Line(_) | DoublingStep::Creep(_))
             ),
@@ -2017,13 +2027,13 @@ mod tests {
     #[test]
     fn a_doubling_search_stops_where_the_line_reaches_the_target() {
         let mb = 1_000_000u64;
-        let search = |below: f64, now: f64, on_line: bool| {
+        let search = |below: f64, now: f64, short_of_doubling: bool| {
             Search {
                 knee_unknown: true,
                 raised_from: Some(RaisedFrom {
                     cap: 147 * mb,
                     level: below.ln(),
-                    on_line,
+                    short_of_doubling,
                 }),
                 ..Default::default()
             }
