@@ -78,6 +78,17 @@ const SAME_KNEE: f64 = 0.15;
 /// the new cap, and every raise that broke, broke there). Three cycles a step left a
 /// doubling search from an arrival's cut still doubling ten cycles later.
 pub const PROBE_CYCLES: u64 = 2;
+/// In a doubling search (no knee known since an arrival's cut), a cap under which every
+/// cycle of its window so far ran each latency service under this fraction of its target
+/// holds after one cycle: a second cycle that far under says little the first did not, and
+/// the search has few cycles before the steady phase. Seen on the test disk (BENCHMARKS run
+/// Z): a writer's reads at 0.02-0.06 of their target under 24-100 MB/s, 0.2-0.5 from
+/// 137 MB/s up, a cliff at 250-480; two cycles a step put the first broken probe 8-12
+/// cycles after the arrival, and the half-way probes after it in the steady phase. Low
+/// enough that one quiet cycle of a bimodal reader (see [`NEAR_MISS_FLOOR`]: its bursts run
+/// 4-10 times its quiet cycles) still puts its bursts under the near-miss floor: at 0.1 the
+/// simulator's bimodal reader passed a cap on a quiet cycle whose bursts ran at 0.5.
+const FAST_PASS: f64 = 0.05;
 /// A p99.9 above the near-miss bar is a near miss: a probe window with one is not a pass
 /// (nor a fail). The bar is where, with the per-cycle scatter measured under the caps (see
 /// [`DEFAULT_NOISE_SIGMA`]), one cycle in ten would break the target: exp(-[`Z_TENTH`]
@@ -394,6 +405,11 @@ impl Search {
         self.knee.and_then(|k| k.trusted(cycle))
     }
 
+    /// Whether the search doubles: no knee known since an arrival's cut.
+    fn doubling(&self, cycle: u64) -> bool {
+        self.knee_unknown && self.bad(cycle).is_none()
+    }
+
     /// The slope of log p99.9 against log cap over the recorded cycles, when the caps
     /// spread enough to tell.
     fn slope(&self) -> Option<f64> {
@@ -451,8 +467,9 @@ impl Search {
     fn double_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<DoublingStep> {
         let doubled = cap.saturating_mul(2);
         let below = self.raised_from.filter(|r| r.cap < cap);
-        // Only a full window's level says where this cap is.
-        let measured = level.filter(|&(_, n)| n >= PROBE_CYCLES as usize);
+        // Only a full window's level says where this cap is, or one cycle far under.
+        let measured =
+            level.filter(|&(m, n)| n >= PROBE_CYCLES as usize || (n > 0 && m < FAST_PASS.ln()));
         let line = below.zip(measured).and_then(|(r, (m1, _))| {
             let span = (cap as f64 / r.cap as f64).ln();
             let slope = (m1 - r.level) / span;
@@ -896,6 +913,23 @@ impl DeviceHistory {
         now + 1 >= from + PROBE_CYCLES && self.clean_since(from.max(now + 1 - PROBE_CYCLES))
     }
 
+    /// Whether every cycle `from..=now` (at least one, each measured) ran under
+    /// [`FAST_PASS`] of every target: a doubling search's window that may pass at once.
+    fn far_under_since(&self, from: u64, now: u64) -> bool {
+        let (mut n, mut under) = (0, true);
+        for x in self.logs_since(from) {
+            n += 1;
+            under &= x < FAST_PASS.ln();
+        }
+        now >= from && under && n as u64 == now + 1 - from && self.clean_since(from)
+    }
+
+    /// Whether a cap whose window starts at `from` has held by `now`: a clean probe window,
+    /// or in a doubling search (`doubling`) one cycle far under every target.
+    fn held(&self, from: u64, now: u64, doubling: bool) -> bool {
+        self.clean_window(from, now) || (doubling && self.far_under_since(from, now))
+    }
+
     /// Whether a near miss or a violation that was no stall came in cycles `from..=now`:
     /// for a raise on probation since `from`, a stall delays the verdict, it neither fails
     /// the raise nor hides a near miss before it.
@@ -1125,14 +1159,32 @@ impl Adaptive {
                 st.note_transition(s, cap, d.cycle);
             }
             let from = self.probe_window_start(d.dev, s);
+            let doubling = self
+                .searches
+                .get(&(d.dev, s.id))
+                .is_some_and(|st| st.doubling(d.cycle));
             let h = self.devices.entry(d.dev).or_default();
-            if h.clean_window(from, d.cycle) {
+            if h.held(from, d.cycle, doubling) {
                 let st = self.searches.entry((d.dev, s.id)).or_default();
                 st.good = Some(cap);
                 st.before_raise = None;
                 st.stalled_probe = st.stalled_probe.filter(|p| p.to > cap);
             }
         }
+    }
+
+    /// Whether `s`'s doubling search may step again in the transition of its last raise:
+    /// the raise was in force there and every cycle of its window ran far under every target
+    /// (see [`FAST_PASS`]). Any other change waits for its first full cycle.
+    fn fast_step(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
+        let (Some(st), Some(h)) = (self.searches.get(&(d.dev, s.id)), self.devices.get(&d.dev))
+        else {
+            return false;
+        };
+        st.doubling(d.cycle)
+            && s.changed_cycle
+                .is_some_and(|c| st.raise_in_force == Some(c))
+            && h.far_under_since(st.probe_window_start(s), d.cycle)
     }
 
     /// See [`Search::probe_window_start`].
@@ -1512,7 +1564,9 @@ impl Adaptive {
         let candidate = d
             .services
             .iter()
-            .filter(|s| s.limit.total_bps().is_some() && s.can_change(d.cycle))
+            .filter(|s| {
+                s.limit.total_bps().is_some() && (s.can_change(d.cycle) || self.fast_step(d, s))
+            })
             .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         let Some(s) = candidate else {
             return out;
@@ -1536,7 +1590,7 @@ impl Adaptive {
         // A cap that just held (or the good one fallen back to) may be raised once its
         // window is clean.
         let confirmed = st.good == Some(cap);
-        let window_passed = h.clean_window(from, d.cycle);
+        let window_passed = h.held(from, d.cycle, st.doubling(d.cycle));
         let recent_clean = h.clean_since(d.cycle.saturating_sub(1));
         if !(confirmed && (window_passed || recent_clean)) {
             return out;
@@ -2375,6 +2429,46 @@ mod tests {
             );
             disk.run(&mut p, 1);
             assert!(p.searches[&(1, 1)].good >= Some(raised));
+        }
+    }
+
+    /// A doubling search whose reads run far under their target (under [`FAST_PASS`]) steps
+    /// every cycle: each cap holds after its first cycle in force. Reads at 0.1-0.2 of the
+    /// target step every [`PROBE_CYCLES`] cycles, as before. Either way the search ends at
+    /// the cliff (here at 600 MB/s, where the writer leaves the reader no quiet cycles).
+    #[test]
+    fn a_doubling_search_far_under_the_target_steps_every_cycle() {
+        for (quiet, gap) in [(0.05, 1), (0.15, PROBE_CYCLES)] {
+            let mut disk = pair();
+            disk.noise_seed = Some(1);
+            disk.noise_bursts = Some((0.0, quiet));
+            let mut p = Adaptive::default();
+            let h = disk.run(&mut p, 30);
+            let doublings: Vec<u64> = h
+                .iter()
+                .filter(|(_, d)| d.iter().any(|d| d.reason.contains("double it")))
+                .map(|(c, _)| c.cycle)
+                .collect();
+            assert!(
+                doublings.len() >= 2,
+                "quiet {quiet}: doublings {doublings:?}"
+            );
+            for w in doublings.windows(2) {
+                assert_eq!(
+                    w[1] - w[0],
+                    gap,
+                    "quiet {quiet}: doublings at {doublings:?}"
+                );
+            }
+            let broke = h
+                .iter()
+                .find_map(|(_, d)| d.iter().find(|d| d.reason.starts_with("a raise to")))
+                .unwrap_or_else(|| panic!("quiet {quiet}: no probe broke"));
+            assert!(
+                broke.to.is_some_and(|to| to < 600_000_000),
+                "quiet {quiet}: fell back to {:?}",
+                broke.to
+            );
         }
     }
 
