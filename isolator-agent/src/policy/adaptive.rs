@@ -559,6 +559,8 @@ struct DeviceHistory {
     /// knee" (1081 MB/s, its rate on arrival) and broke the SLO too. A probe of any of them
     /// goes at most half-way (in log space) from their total to this one.
     total_knee: Option<Knee>,
+    /// Cycles in which a cap on the device changed, the last 2 x [`NOISE_WINDOW`].
+    changes: VecDeque<u64>,
 }
 
 /// A violation judged a stall of the disk.
@@ -841,6 +843,43 @@ impl DeviceHistory {
 
     fn sigma(&self) -> f64 {
         self.noise_sigma.unwrap_or(DEFAULT_NOISE_SIGMA)
+    }
+
+    /// Notes the caps changed at the end of the last cycle (the services' `changed_cycle`:
+    /// what was written, not what was decided).
+    fn note_changes(&mut self, d: &DeviceCycle) {
+        for c in d.services.iter().filter_map(|s| s.changed_cycle) {
+            if c + 1 == d.cycle && self.changes.back() != Some(&c) {
+                self.changes.push_back(c);
+            }
+        }
+        while self
+            .changes
+            .front()
+            .is_some_and(|&c| c + 2 * NOISE_WINDOW <= d.cycle)
+        {
+            self.changes.pop_front();
+        }
+    }
+
+    /// Whether an unforced raise fits the budget of one change in [`NOISE_WINDOW`] cycles
+    /// with room for its fall-back: no change in the last [`NOISE_WINDOW`] cycles and at most
+    /// one in the last two. A raise that breaks costs two changes (it and its fall-back), so
+    /// a raise ten cycles after the last change, as before, made a probe that broke every
+    /// time two changes in eleven cycles; this waits twenty after such a pair, ten after a
+    /// raise that held.
+    fn change_budget_allows(&self, now: u64) -> bool {
+        let recent: Vec<u64> = self
+            .changes
+            .iter()
+            .copied()
+            .filter(|&c| c + 2 * NOISE_WINDOW > now)
+            .collect();
+        match recent[..] {
+            [] => true,
+            [c] => c + NOISE_WINDOW <= now,
+            _ => false,
+        }
     }
 
     /// The near-miss bar (see [`NEAR_MISS_FLOOR`]): a p99.9 over this fraction of its
@@ -1653,8 +1692,9 @@ impl Adaptive {
         // Near the knee, a raise buys a few per cent of bandwidth and costs a change, two if
         // it fails, and a violation when it fails on one. The search has the first
         // [`SEARCH_CYCLES`] of an episode for those. After them, a raise waits until the
-        // device's caps have been left alone for [`NOISE_WINDOW`] cycles (at most one
-        // change in ten that no violation forced), and stops [`SETTLED_KNEE_PRECISION`]
+        // device's caps have been left alone for [`NOISE_WINDOW`] cycles, and changed at
+        // most once in the last two windows (room for its fall-back; see
+        // [`DeviceHistory::change_budget_allows`]), and stops [`SETTLED_KNEE_PRECISION`]
         // under a knee it trusts, not [`KNEE_PRECISION`]. Seen on the test disk (run N): a
         // probe 164 -> 173 MB/s next to a random-read scan's knee at 184, after the search,
         // cost a violation and two changes for 6 % more. A cap far under its knee, or far
@@ -1675,8 +1715,7 @@ impl Adaptive {
         let settled = d.cycle > h.episode_until + SEARCH_CYCLES
             && (!far_under_targets || under_probed_knee)
             && !knee_unknown;
-        let last_change = d.services.iter().filter_map(|s| s.changed_cycle).max();
-        if settled && !far_from_knee && last_change.is_some_and(|c| d.cycle < c + NOISE_WINDOW) {
+        if settled && !far_from_knee && !h.change_budget_allows(d.cycle) {
             return out;
         }
         let precision = if settled {
@@ -1967,6 +2006,7 @@ impl Policy for Adaptive {
         }
         let h = self.devices.entry(d.dev).or_default();
         let spends = probe_stall.is_none() && stall.is_none_or(|s| s.beyond_full_load.is_none());
+        h.note_changes(d);
         h.record(d, load.worst, spends);
         self.loads.entry(d.dev).or_default().record(load);
         if !binding {
@@ -2157,7 +2197,8 @@ mod tests {
     /// A raise that breaks the SLO, even marginally, goes straight back to the cap that held
     /// (waiting for a second violation cost two or three violating cycles per failed probe
     /// on the test disk), and no probe follows while that violation is in the last ten
-    /// cycles: probing spends the one-in-ten budget.
+    /// cycles: probing spends the one-in-ten budget. After the search, nor while the raise
+    /// and its fall-back are in the last twenty: they spent two changes.
     #[test]
     fn a_failed_probe_goes_back_on_its_first_violation_and_the_next_waits_out_the_budget() {
         let mut disk = pair();
@@ -2167,6 +2208,7 @@ mod tests {
         let (good, raised) = up_to_a_probe(&mut disk, &mut p, |good, raised| {
             (raised as f64) < good as f64 * FAR_FROM_KNEE
         });
+        let raised_at = disk.cycle - 1;
         // The disk slows so that the raised cap is just over the target: marginal.
         disk.knee_scale = scale_for(&disk, 1.03, 1.15);
         let h = disk.run(&mut p, 3);
@@ -2208,11 +2250,18 @@ mod tests {
             "probed again with the budget spent: {:?}",
             wait.iter().flat_map(|(_, d)| d).collect::<Vec<_>>()
         );
-        let next = disk.run(&mut p, 6);
-        assert!(
-            next.iter().flat_map(|(_, d)| d).any(|d| d.to > Some(good)),
-            "no probe once the budget allowed it"
-        );
+        let next = disk.run(&mut p, 2 * NOISE_WINDOW);
+        let probe = next
+            .iter()
+            .find(|(_, d)| d.iter().any(|d| d.to > Some(good)))
+            .map(|(c, _)| c.cycle)
+            .expect("no probe once the budgets allowed it");
+        if raised_at > p.devices[&1].episode_until + SEARCH_CYCLES {
+            assert!(
+                probe >= raised_at + 2 * NOISE_WINDOW,
+                "probed at {probe}, the raise that broke at {raised_at}"
+            );
+        }
     }
 
     /// A probe whose first cycle meets a stall of the disk (the reader at many times its
@@ -2752,8 +2801,9 @@ mod tests {
 
     /// After the search's first cycles, no raise goes to within a few per cent of a knee it
     /// trusts (unless the victim runs far under its target), and any raise comes only after
-    /// ten cycles without any change on the device: at most one change in ten that no
-    /// violation forced, on a disk whose knee stays put and on one whose knee moves.
+    /// ten cycles without any change on the device and with at most one in the last twenty
+    /// (room for its fall-back): at most one change in ten that no violation forced, on a
+    /// disk whose knee stays put and on one whose knee moves.
     #[test]
     fn after_the_search_a_raise_waits_ten_quiet_cycles_and_is_worth_it() {
         for (moving, seed) in [
@@ -2803,6 +2853,16 @@ mod tests {
                             cycle >= last + NOISE_WINDOW,
                             "moving {moving}, noise {seed:?}: raise at {cycle}, {} cycles after the last change: {changes:?}",
                             cycle - last
+                        );
+                        let mut in_twenty: Vec<u64> = changes
+                            .iter()
+                            .map(|c| c.0)
+                            .filter(|&c| c + 2 * NOISE_WINDOW > cycle)
+                            .collect();
+                        in_twenty.dedup();
+                        assert!(
+                            in_twenty.len() <= 1,
+                            "moving {moving}, noise {seed:?}: raise at {cycle} after changes at {in_twenty:?}: {changes:?}"
                         );
                     }
                 }
