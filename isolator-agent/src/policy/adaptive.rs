@@ -75,8 +75,9 @@ const SAME_KNEE: f64 = 0.15;
 /// holding. A violation in the transition of a raise still fails the raise, and a raise's
 /// transition in which the service already took most of the raise (its rate at least 80 %
 /// of the way from the old cap to the new) counts as the window's first cycle: the cap is
-/// written a few ms into it, and a throttled service's queue runs at the new rate at once (on the test disk every raise's transition ran at 99-100 % of
-/// the new cap, and every raise that broke, broke there). Three cycles a step left a
+/// written a few ms into it, and a throttled service's queue runs at the new rate at once
+/// (on the test disk every raise's transition ran at 99-100 % of the new cap, and every
+/// raise that broke, broke there). Three cycles a step left a
 /// doubling search from an arrival's cut still doubling ten cycles later. Far under every
 /// target, a doubling search's window is one cycle (see [`FAST_PASS`]).
 pub const PROBE_CYCLES: u64 = 2;
@@ -875,9 +876,8 @@ impl DeviceHistory {
     /// one in the last two. A raise that breaks costs two changes (it and its fall-back), so
     /// a raise ten cycles after the last change, as before, made a probe that broke every
     /// time two changes in eleven cycles; this waits twenty after such a pair, ten after a
-    /// raise that held.
-    /// Cycles with two or more changes count once: the budget is on cycles a cap moved in.
-    /// Called after [`Self::note_changes`] this cycle, which keeps only the last two windows.
+    /// raise that held. A cycle with two or more changes counts once. Called after
+    /// [`Self::note_changes`] this cycle, which keeps only the last two windows.
     fn change_budget_allows(&self, now: u64) -> bool {
         let mut recent = self.changes.iter();
         match (recent.next(), recent.next()) {
@@ -981,6 +981,19 @@ impl DeviceHistory {
     fn harm_since(&self, from: u64) -> bool {
         self.last_harm.is_some_and(|c| c >= from)
     }
+}
+
+/// The device's only service with a limit, when no other service's limit changed last
+/// cycle: this cycle's latency then shows that cap's harm alone. With two aggressors
+/// doubling, a one-cycle pass in one's transition let the other raise there, and a
+/// violation in the next cycle would have failed the wrong probe (see [`FAST_PASS`]).
+fn lone_capped(d: &DeviceCycle) -> Option<ServiceId> {
+    let mut capped = d.services.iter().filter(|s| !s.limit.is_unlimited());
+    let lone = capped.next().filter(|_| capped.next().is_none())?;
+    d.services
+        .iter()
+        .all(|o| o.id == lone.id || o.can_change(d.cycle))
+        .then_some(lone.id)
 }
 
 /// The sum of the bandwidth caps on the device, and how many services have one.
@@ -1196,6 +1209,7 @@ impl Adaptive {
 
     /// Confirms caps whose probe window passed: they hold.
     fn confirm(&mut self, d: &DeviceCycle) {
+        let lone = lone_capped(d);
         for s in &d.services {
             let Some(cap) = s.limit.total_bps() else {
                 continue;
@@ -1204,7 +1218,7 @@ impl Adaptive {
                 st.note_transition(s, cap, d.cycle);
             }
             let from = self.probe_window_start(d.dev, s);
-            let fast_pass = self.fast_pass(d, s);
+            let fast_pass = self.fast_pass(d, s, lone);
             let h = self.devices.entry(d.dev).or_default();
             if h.window_passed(from, d.cycle, fast_pass) {
                 let st = self.searches.entry((d.dev, s.id)).or_default();
@@ -1216,28 +1230,25 @@ impl Adaptive {
     }
 
     /// Whether `s`'s window may pass in one cycle far under every target (see
-    /// [`FAST_PASS`]): its search doubles, and it is the device's only capped service with
-    /// no other cap changed last cycle, so this cycle's latency is its cap's alone (with two
-    /// aggressors doubling, a pass in one's transition let the other raise there, and a
-    /// violation in the next cycle would fail the wrong probe).
-    fn fast_pass(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
-        self.searches
-            .get(&(d.dev, s.id))
-            .is_some_and(|st| st.doubling(d.cycle))
-            && d.services
-                .iter()
-                .all(|o| o.id == s.id || (o.limit.is_unlimited() && o.can_change(d.cycle)))
+    /// [`FAST_PASS`]): its search doubles, and it is the device's lone capped service
+    /// (`lone`, see [`lone_capped`]).
+    fn fast_pass(&self, d: &DeviceCycle, s: &ServiceLoad, lone: Option<ServiceId>) -> bool {
+        lone == Some(s.id)
+            && self
+                .searches
+                .get(&(d.dev, s.id))
+                .is_some_and(|st| st.doubling(d.cycle))
     }
 
     /// Whether `s`'s doubling search may step again in the transition of its last raise:
     /// the raise was in force there and its window passed in that one cycle (see
     /// [`Adaptive::fast_pass`]). Any other change waits for its first full cycle.
-    fn fast_step(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
+    fn fast_step(&self, d: &DeviceCycle, s: &ServiceLoad, lone: Option<ServiceId>) -> bool {
         let (Some(st), Some(h)) = (self.searches.get(&(d.dev, s.id)), self.devices.get(&d.dev))
         else {
             return false;
         };
-        self.fast_pass(d, s)
+        self.fast_pass(d, s, lone)
             && s.changed_cycle
                 .is_some_and(|c| st.raise_in_force == Some(c))
             && h.far_under_since(st.probe_window_start(s), d.cycle)
@@ -1617,11 +1628,13 @@ impl Adaptive {
         }
 
         // One raise per cycle, the cap untouched longest first (lowest id as tie).
+        let lone = lone_capped(d);
         let candidate = d
             .services
             .iter()
             .filter(|s| {
-                s.limit.total_bps().is_some() && (s.can_change(d.cycle) || self.fast_step(d, s))
+                s.limit.total_bps().is_some()
+                    && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
             })
             .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         let Some(s) = candidate else {
@@ -1629,7 +1642,7 @@ impl Adaptive {
         };
         let cap = s.limit.total_bps().unwrap_or(0);
         let from = self.probe_window_start(d.dev, s);
-        let fast_pass = self.fast_pass(d, s);
+        let fast_pass = self.fast_pass(d, s, lone);
         let st = self.searches.entry((d.dev, s.id)).or_default();
         let bad = st.bad(d.cycle);
         let cause = base_cause(d, s);
@@ -1671,7 +1684,7 @@ impl Adaptive {
         // Without a knee since an arrival cut, the search has found nothing yet: it doubles
         // until a probe breaks, past its first cycles if it must (the cap was cut from a
         // rate the arrival understated), while the budget allows a probe.
-        let knee_unknown = bad.is_none() && st.knee_unknown;
+        let knee_unknown = st.doubling(d.cycle);
         // With the budget spent, only a probe far under a trusted knee (likely to hold) is
         // worth it: seen on the test disk, a probe from 110 to 221 MB/s failed once and the
         // wait out of its violation at 110 held the writer at half the knee for ten cycles.
