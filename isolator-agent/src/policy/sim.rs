@@ -136,6 +136,11 @@ pub struct SimDisk {
     /// A stall of the disk: this much added to every latency service's p99.9 whatever the
     /// load (the device completes nothing for a while; no cap shortens that).
     pub stall_ns: f64,
+    /// Instead of the measured curve, a smooth one: others' traffic adds 2.5 ms to the
+    /// p99.9 at this many MB/s (times `knee_scale`), rising as a power of it with this
+    /// exponent. A curve without the measured one's plateau, on which a search's line
+    /// steps shrink as they near the target.
+    pub smooth_curve: Option<(f64, f64)>,
     /// The previous cycle's bulk rates, for the transition cycle.
     prev_rates: Vec<f64>,
 }
@@ -151,6 +156,7 @@ impl SimDisk {
             noise_sigma: None,
             noise_bursts: None,
             stall_ns: 0.0,
+            smooth_curve: None,
             prev_rates: vec![0.0; n],
         }
     }
@@ -246,9 +252,13 @@ impl SimDisk {
                         others_bps = others_bps.max(others(&self.prev_rates));
                     }
                     // Own queue depth costs 0.1 ms per queued request at the tail.
-                    let p999 = (0.43e6
-                        + interference_ns(others_bps, self.knee_scale)
-                        + (s.qd - 1.0) * 0.1e6)
+                    let interference = match self.smooth_curve {
+                        Some((at_mbps, exponent)) => {
+                            2.5e6 * (others_bps / (at_mbps * MB * self.knee_scale)).powf(exponent)
+                        }
+                        None => interference_ns(others_bps, self.knee_scale),
+                    };
+                    let p999 = (0.43e6 + interference + (s.qd - 1.0) * 0.1e6)
                         * self.noise(i, others_bps)
                         + self.stall_ns;
                     let mean = 0.08e6 + p999 / 20.0;
