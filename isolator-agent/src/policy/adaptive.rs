@@ -2993,9 +2993,11 @@ mod tests {
 
     /// A doubling search (no knee since the arrival) that runs past the search's cycles
     /// raises by less than [`SHORT_STEP`] only within the change budget: its line says the
-    /// target is that close. Over 36 writer runs (12 noise seeds, arriving in a full cycle,
-    /// a third of one and a twentieth), at least one such raise comes up, and none is made
-    /// within ten cycles of a change or after two in twenty.
+    /// target is that close. On a disk whose latency rises smoothly (no plateau: the line's
+    /// steps shrink as they near the target), a writer arriving in a full cycle, a third of
+    /// one or a tenth, 40 noise seeds each: such raises come up (the search from a tenth
+    /// runs past its cycles), and none is made within ten cycles of a change or after two in
+    /// twenty.
     #[test]
     fn past_the_search_a_short_doubling_step_waits_for_the_change_budget() {
         let mut short_steps_past_search = 0;
