@@ -178,14 +178,15 @@ const Z_CONFIDENCE: f64 = 1.0;
 /// (see [`CLIMB_MAX_FACTOR`]).
 const KNEE_DOUBT: f64 = 0.35;
 const CREEP_FAR_FACTOR: f64 = 1.25;
-/// A raise under this factor, past the search's first [`SEARCH_CYCLES`], waits for the
-/// change budget (see [`DeviceHistory::change_budget_allows`]) on every path: the search
-/// has come that close to the target or the knee. Seen in CI's random-read scan: a doubling
-/// search's line steps shrinking toward the target (179 -> 205 -> 219 MB/s, 14 % and 7 %)
-/// ran on into the steady phase, and the creep after them broke at 9x the target; in
-/// BENCHMARKS run AC, six half-way probes toward the rate whose full load broke the SLO
-/// (293 MB/s), every two cycles to cycle 21; the last broke. Under a creep's 25 %, so that creeps on a
-/// flat plateau (a writer's) go on.
+/// A raise under this factor toward a rate no probe measured, past the search's first
+/// [`SEARCH_CYCLES`], waits for the change budget (see
+/// [`DeviceHistory::change_budget_allows`]): the search has come that close to the target
+/// or the knee. Seen in CI's random-read scan: a doubling search's line steps shrinking
+/// toward the target (179 -> 205 -> 219 MB/s, 14 % and 7 %) ran on into the steady phase,
+/// and the creep after them broke at 9x the target; in BENCHMARKS run AC, six half-way
+/// probes toward the rate whose full load broke the SLO (293 MB/s), every two cycles to
+/// cycle 21; the last broke. Under a creep's 25 %, so that creeps on a flat plateau (a
+/// writer's) go on.
 const SHORT_STEP: f64 = 1.2;
 /// Without a trusted knee, each raise that held with every target still that far under
 /// squares the factor of the next (1.25, 1.56, then at most [`CLIMB_MAX_FACTOR`]): the
@@ -503,12 +504,14 @@ impl Search {
             // target said it is near (seen in CI's random-read scan: line steps 179 -> 205
             // -> 219 MB/s, a flat reading at 219, and a creep of 25 % to 274 broke at 9x
             // the target).
-            None if measured.is_some() && below.is_some_and(|r| r.short_of_doubling) => {
-                let last_step = below.map_or(CREEP_FAR_FACTOR, |r| cap as f64 / r.cap as f64);
-                let factor = last_step.clamp(MIN_PROBE_GAIN, CREEP_FAR_FACTOR);
-                Some(DoublingStep::Creep((cap as f64 * factor) as u64))
-            }
-            None => Some(DoublingStep::Double(doubled)),
+            None => match below.filter(|r| r.short_of_doubling && measured.is_some()) {
+                Some(r) => {
+                    let last_step = cap as f64 / r.cap as f64;
+                    let factor = last_step.clamp(MIN_PROBE_GAIN, CREEP_FAR_FACTOR);
+                    Some(DoublingStep::Creep((cap as f64 * factor) as u64))
+                }
+                None => Some(DoublingStep::Double(doubled)),
+            },
         }
     }
 
@@ -1834,9 +1837,7 @@ impl Adaptive {
         // within the change budget only. Under a knee a broken probe found, the settled
         // rules above apply; under one a cut of a held cap set (maybe a slow spell of the
         // disk), the search climbs back.
-        let full_load_knee = st
-            .knee
-            .is_some_and(|k| k.full_load && k.trusted(d.cycle).is_some());
+        let full_load_knee = bad.is_some() && st.knee.is_some_and(|k| k.full_load);
         let unmeasured = doubling.is_some() || full_load_knee;
         if unmeasured
             && d.cycle > h.episode_until + SEARCH_CYCLES
