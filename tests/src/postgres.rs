@@ -414,16 +414,20 @@ impl LatencyLog {
     /// the phase before belongs to the phase that made it wait.
     pub fn p999_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
         self.p999_of(from_us, to_us, |t| t.latency_us)
+            .unwrap_or_else(|| panic!("no pgbench transaction scheduled in {from_us}..{to_us} µs"))
     }
 
     /// [`LatencyLog::p999_us`] of each of `windows` equal windows of `from_us..to_us`, in
-    /// order.
+    /// order. A window none of whose transactions pgbench logged is `(u64::MAX, 0)`: its
+    /// client was so far behind (seen: 16 s of schedule lag next to the uncapped writer)
+    /// that they were still waiting when the run ended, worse than any it logged.
     pub fn window_p999_us(&self, from_us: u64, to_us: u64, windows: u64) -> Vec<(u64, usize)> {
         let width_us = (to_us - from_us) / windows;
         (0..windows)
             .map(|i| {
                 let start = from_us + i * width_us;
-                self.p999_us(start, start + width_us)
+                self.p999_of(start, start + width_us, |t| t.latency_us)
+                    .unwrap_or((u64::MAX, 0))
             })
             .collect()
     }
@@ -432,6 +436,7 @@ impl LatencyLog {
     /// latency less its schedule lag): what the server took, without the client's backlog.
     pub fn p999_started_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
         self.p999_of(from_us, to_us, |t| t.latency_us.saturating_sub(t.lag_us))
+            .unwrap_or_else(|| panic!("no pgbench transaction scheduled in {from_us}..{to_us} µs"))
     }
 
     fn p999_of(
@@ -439,20 +444,19 @@ impl LatencyLog {
         from_us: u64,
         to_us: u64,
         value: impl Fn(&Transaction) -> u64,
-    ) -> (u64, usize) {
+    ) -> Option<(u64, usize)> {
         let mut lat: Vec<u64> = self
             .transactions
             .iter()
             .filter(|t| (from_us..to_us).contains(&t.scheduled_us()))
             .map(value)
             .collect();
-        assert!(
-            !lat.is_empty(),
-            "no pgbench transaction scheduled in {from_us}..{to_us} µs"
-        );
+        if lat.is_empty() {
+            return None;
+        }
         lat.sort_unstable();
         let idx = ((lat.len() as f64 * 0.999).ceil() as usize).clamp(1, lat.len()) - 1;
-        (lat[idx], lat.len())
+        Some((lat[idx], lat.len()))
     }
 }
 
@@ -543,8 +547,18 @@ pub fn run_alone(
 }
 
 /// p99.9s in ms of windows given in µs (with their transaction counts).
+/// In ms; a window with no transaction logged ([`LatencyLog::window_p999_us`]) is infinite.
 fn windows_ms(windows: &[(u64, usize)]) -> Vec<f64> {
-    windows.iter().map(|&(us, _)| us as f64 / 1e3).collect()
+    windows
+        .iter()
+        .map(|&(us, n)| {
+            if n == 0 {
+                f64::INFINITY
+            } else {
+                us as f64 / 1e3
+            }
+        })
+        .collect()
 }
 
 /// pgbench's p99.9 in ms of each window of what would be the steady phase in a run with
@@ -739,7 +753,7 @@ pub fn calibrate(cluster: &Cluster, scratch: &Scratch) -> Result<Calibration, St
         let windows_ms = windows_ms(&windows);
         windows.sort_unstable();
         let (solo_us, solo_transactions) = windows[1];
-        let slo_ms = (4 * solo_us).div_ceil(1000).max(MIN_SLO_MS);
+        let slo_ms = solo_us.saturating_mul(4).div_ceil(1000).max(MIN_SLO_MS);
         let spread = windows[2].0 as f64 / windows[0].0.max(1) as f64;
         let c = Calibration {
             windows_ms,
@@ -873,4 +887,27 @@ pub fn run_in_mode(
         run,
         events: agent.events(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_whose_transactions_never_ran_is_infinite_not_a_panic() {
+        // Due at 0.5 s and 1.5 s, each 100 µs; nothing due in 2..3 s ever ended.
+        let log = LatencyLog {
+            transactions: [500_000, 1_500_000]
+                .map(|due| Transaction {
+                    end_us: due + 100,
+                    latency_us: 100,
+                    lag_us: 0,
+                })
+                .to_vec(),
+            not_done: 0,
+        };
+        let windows = log.window_p999_us(0, 3_000_000, 3);
+        assert_eq!(windows, vec![(100, 1), (100, 1), (u64::MAX, 0)]);
+        assert_eq!(windows_ms(&windows), vec![0.1, 0.1, f64::INFINITY]);
+    }
 }
