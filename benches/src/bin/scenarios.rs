@@ -339,9 +339,11 @@ fn run() -> Result<()> {
                     break 'repeats;
                 };
                 eprintln!(
-                    "  {}/{} violating, client p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
+                    "  {}/{} violating, client {}/{} seconds over, p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
                     o.steady_violations,
                     o.steady_cycles,
+                    o.steady_client_violations,
+                    o.steady_client_windows,
                     o.steady_client_p999_ms,
                     o.aggressor_steady_mbps,
                     o.steady_changes
@@ -723,8 +725,8 @@ fn report(
             best_labels.join(", ")
         );
         println!();
-        println!("| mode | reader p99.9 per cycle, ms (repeat 1) | cycles to SLO | steady violations | steady p99.9 by the client (fio; the load generator in the VM) | aggressor MB/s steady | aggressor MB total | cap changes in steady | isolation | latency impact | work conservation (share of best static) |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| mode | reader p99.9 per cycle, ms (repeat 1) | cycles to SLO | steady violations | steady seconds over the SLO by the client | steady p99.9 by the client (fio; the load generator in the VM) | aggressor MB/s steady | aggressor MB total | cap changes in steady | isolation | latency impact | work conservation (share of best static) |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         let mut labels: Vec<&String> = results
             .keys()
             .filter(|(s, _)| *s == si)
@@ -738,11 +740,13 @@ fn report(
                 outs[0].p999_ms.iter().map(|v| format!("{v:.1}")).collect();
             let to_slo: Vec<String> = outs.iter().map(cycles_to_slo).collect();
             println!(
-                "| {label} | {} | {} | {:.0}/{:.0} | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2} | {} |",
+                "| {label} | {} | {} | {:.0}/{:.0} | {:.0}/{:.0} | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2} | {} |",
                 per_cycle.join(" "),
                 to_slo.join(", "),
                 med(&|o| o.steady_violations as f64),
                 med(&|o| o.steady_cycles as f64),
+                med(&|o| o.steady_client_violations as f64),
+                med(&|o| o.steady_client_windows as f64),
                 med(&|o| o.steady_client_p999_ms),
                 med(&|o| o.aggressor_steady_mbps),
                 med(&|o| o.aggressor_total_mb),
