@@ -413,8 +413,7 @@ impl LatencyLog {
     /// due, not when it ended: one that ends in a phase after waiting out the backlog of
     /// the phase before belongs to the phase that made it wait.
     pub fn p999_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
-        self.p999_of(from_us, to_us, |t| t.latency_us)
-            .unwrap_or_else(|| panic!("no pgbench transaction scheduled in {from_us}..{to_us} µs"))
+        self.p999_with_transactions(from_us, to_us, |t| t.latency_us)
     }
 
     /// [`LatencyLog::p999_us`] of each of `windows` equal windows of `from_us..to_us`, in
@@ -435,7 +434,18 @@ impl LatencyLog {
     /// As [`LatencyLog::p999_us`], of the time from each transaction's actual start (its
     /// latency less its schedule lag): what the server took, without the client's backlog.
     pub fn p999_started_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
-        self.p999_of(from_us, to_us, |t| t.latency_us.saturating_sub(t.lag_us))
+        self.p999_with_transactions(from_us, to_us, |t| t.latency_us.saturating_sub(t.lag_us))
+    }
+
+    /// [`LatencyLog::p999_of`] of a phase that must have transactions (a whole phase of a
+    /// run, not one of its windows).
+    fn p999_with_transactions(
+        &self,
+        from_us: u64,
+        to_us: u64,
+        value: impl Fn(&Transaction) -> u64,
+    ) -> (u64, usize) {
+        self.p999_of(from_us, to_us, value)
             .unwrap_or_else(|| panic!("no pgbench transaction scheduled in {from_us}..{to_us} µs"))
     }
 
@@ -546,8 +556,8 @@ pub fn run_alone(
     finish(bench, &prefix, start_us, None)
 }
 
-/// p99.9s in ms of windows given in µs (with their transaction counts).
-/// In ms; a window with no transaction logged ([`LatencyLog::window_p999_us`]) is infinite.
+/// p99.9s in ms of windows given in µs (with their transaction counts); a window with no
+/// transaction logged ([`LatencyLog::window_p999_us`]) is infinite.
 fn windows_ms(windows: &[(u64, usize)]) -> Vec<f64> {
     windows
         .iter()
