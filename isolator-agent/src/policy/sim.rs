@@ -900,6 +900,81 @@ mod tests {
         }
     }
 
+    /// A knee that moves down right after a raise passed its two-cycle window, to where the
+    /// raised cap puts the reader at 4.5 times its target (a stall's size, but under what
+    /// the scan's full load did, 5.6 times): the raise's harm, not a stall. The cap
+    /// is cut by the second violation and no stall is told (seen in CI at 8014f12: a line
+    /// probe to 219 MB/s passed, then four cycles of five at 8-9 times the target were
+    /// excused as stalls; a static 275 MB/s broke 15 cycles of 19 next).
+    #[test]
+    fn a_cliff_right_after_a_raise_passed_is_the_raise_s_harm_not_a_stall() {
+        const STALL_LEVEL_CYCLES: u64 = 3;
+        for seed in [None, Some(4), Some(5)] {
+            let mut disk = SimDisk::new(vec![
+                SimService::latency("reader", 5.0, 1.0),
+                SimService::random_reader("scan", 320.0, 5),
+            ]);
+            disk.noise_seed = seed;
+            let mut p = Adaptive::default();
+            let cap = |c: &DeviceCycle| c.services[1].limit.total_bps();
+            // Up to three full cycles under a raised cap (its transition not counted), with
+            // no change: its window passed, and a stall has the three cycles of level under
+            // it that it is judged against.
+            let mut raised_at = None;
+            loop {
+                let h = disk.run(&mut p, 1);
+                let (c, d) = &h[0];
+                if d.is_empty() {
+                    if raised_at.is_some_and(|r| c.cycle == r + 1 + STALL_LEVEL_CYCLES) {
+                        break;
+                    }
+                } else {
+                    let raise = d
+                        .iter()
+                        .any(|d| d.service == 1 && cap(c).is_some_and(|c| d.to > Some(c)));
+                    raised_at = raise.then_some(c.cycle);
+                }
+                assert!(
+                    disk.cycle < 200,
+                    "noise {seed:?}: no raise passed its window"
+                );
+            }
+            p.findings();
+            let raised = disk.services[1].limit.total_bps().unwrap();
+            let scale = (10..1000)
+                .rev()
+                .map(|k| k as f64 / 1000.0)
+                .find(|&k| {
+                    let mut probe = SimDisk::new(disk.services.clone());
+                    probe.cycle = disk.cycle;
+                    probe.knee_scale = k;
+                    let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
+                    f >= 4.5
+                })
+                .unwrap_or_else(|| panic!("noise {seed:?}: no slowdown puts the reader at 4.5 times its target under {raised} B/s at cycle {}", disk.cycle));
+            disk.knee_scale = scale;
+            let h = disk.run(&mut p, 3);
+            trace(&format!("cliff after a raise, noise {seed:?}"), &h);
+            let stalls = p
+                .findings()
+                .iter()
+                .filter(|f| matches!(f, Finding::DiskStall { .. }))
+                .count();
+            assert_eq!(
+                stalls, 0,
+                "noise {seed:?}: the raise's harm told as a stall"
+            );
+            let cut_at = h
+                .iter()
+                .position(|(_, d)| d.iter().any(|d| d.to.is_some_and(|to| to < raised)));
+            assert!(
+                cut_at.is_some_and(|i| i <= 1),
+                "noise {seed:?}: {raised} B/s not cut by the second violation: {:?}",
+                h.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>()
+            );
+        }
+    }
+
     /// Violations beyond what the writer's full load did that come every other cycle are
     /// not excused for ever: past four in ten they are harm again, and the writer is cut.
     #[test]
