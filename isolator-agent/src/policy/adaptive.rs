@@ -1390,6 +1390,24 @@ impl Adaptive {
                 .iter()
                 .filter(|&&c| c >= from && !(excused && loads.is_some_and(|l| l.is_stall(c))))
                 .count();
+            // Past their excuse the stalls count too, those that spent no budget (beyond
+            // what the full load did, or a probe's) with them. Seen in the random-read
+            // scenario: a full load measured at 2.1 times the target in a fast moment of the
+            // disk, four violations at 7-9 times under a cap passed as such stalls, and the
+            // fifth, the first judged as harm, found no other under the cap to cut it.
+            let unspent_stalls = if excused {
+                0
+            } else {
+                loads.map_or(0, |l| {
+                    l.cycles
+                        .iter()
+                        .filter(|c| {
+                            c.cycle >= from && c.worst.is_none() && !h.violations.contains(&c.cycle)
+                        })
+                        .count()
+                })
+            };
+            let under_cap = under_cap + unspent_stalls;
             // On a plateau two violations in ten are the disk's own scatter (a cut would
             // not lower the p99.9), three are not. A flat fit with the cap's other cycles far
             // under the target is the foot of a cliff, not a plateau the target sits on (a

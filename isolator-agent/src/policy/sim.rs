@@ -1000,6 +1000,43 @@ mod tests {
         );
     }
 
+    /// Stalls beyond what the writer's full load did spend no budget while they are
+    /// excused; past their excuse they count against the cap with the violation that
+    /// follows: four in ten, then a violation at twice the target, is cut at once as the
+    /// cap's fifth violation, not judged as its first.
+    #[test]
+    fn stalls_beyond_the_full_load_past_their_excuse_count_against_the_cap() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 60);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        let mut train = vec![];
+        for stall in [true, false, true, true, false, true, false, false] {
+            disk.stall_ns = if stall { 120e6 } else { 0.0 };
+            train.extend(disk.run(&mut p, 1));
+        }
+        disk.stall_ns = 7e6;
+        let h = disk.run(&mut p, 1);
+        disk.stall_ns = 0.0;
+        train.extend(h);
+        trace("beyond stalls, then a violation", &train);
+        assert!(
+            train[..8].iter().all(|(_, d)| d.is_empty()),
+            "a stall cut: {train:?}"
+        );
+        let (c, d) = train.last().unwrap();
+        let f = c.services[0].p999_ns.unwrap() as f64 / 5e6;
+        assert!(
+            (1.5..4.0).contains(&f),
+            "the last cycle at {f:.2} of the target"
+        );
+        assert!(
+            d.iter()
+                .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains("twice")),
+            "the violation after four stalls in ten cut nothing: {d:?}"
+        );
+    }
+
     /// A disk that stays slow after two stall-like cycles has a new knee: the third cycle
     /// is judged as harm, the stalls with it, so it is the second violation under the cap
     /// and cuts it.
