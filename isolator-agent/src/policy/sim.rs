@@ -975,20 +975,37 @@ mod tests {
         }
     }
 
-    /// Violations beyond what the writer's full load did that come every other cycle are
-    /// not excused for ever: past four in ten they are harm again, and the writer is cut.
-    #[test]
-    fn stalls_beyond_the_full_load_every_other_cycle_are_harm_by_the_fifth() {
+    /// The noisy pair at a 5 ms target after 60 cycles: the policy, and the writer's cap.
+    fn settled_writer() -> (SimDisk, Adaptive, u64) {
         let mut disk = noisy_pair(5.0);
         let mut p = Adaptive::default();
         disk.run(&mut p, 60);
         let cap = disk.services[1].limit.wbps.expect("capped");
+        (disk, p, cap)
+    }
+
+    /// One cycle per item of `stalls`, those that are true stalled at 120 ms (24 times the
+    /// target, beyond what the writer's full load did).
+    fn stall_train(
+        disk: &mut SimDisk,
+        p: &mut Adaptive,
+        stalls: impl IntoIterator<Item = bool>,
+    ) -> Vec<(DeviceCycle, Vec<Decision>)> {
         let mut train = vec![];
-        for c in 0..12 {
-            disk.stall_ns = if c % 2 == 0 { 120e6 } else { 0.0 };
-            train.extend(disk.run(&mut p, 1));
+        for stall in stalls {
+            disk.stall_ns = if stall { 120e6 } else { 0.0 };
+            train.extend(disk.run(p, 1));
         }
         disk.stall_ns = 0.0;
+        train
+    }
+
+    /// Violations beyond what the writer's full load did that come every other cycle are
+    /// not excused for ever: past four in ten they are harm again, and the writer is cut.
+    #[test]
+    fn stalls_beyond_the_full_load_every_other_cycle_are_harm_by_the_fifth() {
+        let (mut disk, mut p, cap) = settled_writer();
+        let train = stall_train(&mut disk, &mut p, (0..12).map(|c| c % 2 == 0));
         trace("every other cycle", &train);
         let cut_at = train
             .iter()
@@ -1006,15 +1023,9 @@ mod tests {
     /// cap's fifth violation, not judged as its first.
     #[test]
     fn stalls_beyond_the_full_load_past_their_excuse_count_against_the_cap() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 60);
-        let cap = disk.services[1].limit.wbps.expect("capped");
-        let mut train = vec![];
-        for stall in [true, false, true, true, false, true, false, false] {
-            disk.stall_ns = if stall { 120e6 } else { 0.0 };
-            train.extend(disk.run(&mut p, 1));
-        }
+        let (mut disk, mut p, cap) = settled_writer();
+        let pattern = [true, false, true, true, false, true, false, false];
+        let mut train = stall_train(&mut disk, &mut p, pattern);
         disk.stall_ns = 7e6;
         let h = disk.run(&mut p, 1);
         disk.stall_ns = 0.0;
