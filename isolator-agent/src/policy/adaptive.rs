@@ -753,6 +753,14 @@ impl RecentLoads {
             .any(|l| l.cycle == cycle && l.worst.is_none())
     }
 
+    /// The stall cycles from `from` on.
+    fn stalls_since(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+        self.cycles
+            .iter()
+            .filter(move |l| l.cycle >= from && l.worst.is_none())
+            .map(|l| l.cycle)
+    }
+
     /// Whether this cycle (`now`, not yet recorded) is a stall of the disk: a violation
     /// [`STALL_FACTOR`] over the level of the recent cycles whose caps were fixed at the
     /// same or a higher total, with no service pushing more than then, outside an episode's
@@ -940,10 +948,7 @@ impl DeviceHistory {
 
     /// The mean log fraction of the cycles from `from` on, and how many there are.
     fn level_since(&self, from: u64) -> Option<(f64, usize)> {
-        let (sum, n) = self
-            .logs_since(from)
-            .fold((0.0, 0), |(sum, n), x| (sum + x, n + 1));
-        (n > 0).then(|| (sum / n as f64, n))
+        mean_log(self.logs_since(from))
     }
 
     /// Updates the scatter estimate from the cycles since the device's last change, or
@@ -1018,6 +1023,12 @@ impl DeviceHistory {
     fn harm_since(&self, from: u64) -> bool {
         self.last_harm.is_some_and(|c| c >= from)
     }
+}
+
+/// The mean of `logs` and how many there are (None: none).
+fn mean_log(logs: impl Iterator<Item = f64>) -> Option<(f64, usize)> {
+    let (sum, n) = logs.fold((0.0, 0), |(sum, n), x| (sum + x, n + 1));
+    (n > 0).then(|| (sum / n as f64, n))
 }
 
 /// The device's only service with a limit, when no other service's limit changed last
@@ -1389,39 +1400,26 @@ impl Adaptive {
             // Stalls of the disk are no verdict on the cap, while they are few.
             let loads = self.loads.get(&d.dev);
             let excused = loads.is_some_and(|l| l.stalls_excused(d.cycle, false));
-            let under_cap = h
+            // The violations that were no stall, and past their excuse every stall, those
+            // that spent no budget (beyond what the full load did, or a probe's) too. Seen
+            // in the random-read scenario: a full load measured at 2.1 times the target in
+            // a fast moment of the disk, four violations at 7-9 times under a cap passed as
+            // such stalls, and the fifth, the first judged as harm, found no other under
+            // the cap to cut it.
+            let stalls: Vec<u64> = loads.map_or(vec![], |l| l.stalls_since(from).collect());
+            let harm = h
                 .violations
                 .iter()
-                .filter(|&&c| c >= from && !(excused && loads.is_some_and(|l| l.is_stall(c))))
+                .filter(|&&c| c >= from && !stalls.contains(&c))
                 .count();
-            // Past their excuse the stalls count too, those that spent no budget (beyond
-            // what the full load did, or a probe's) with them. Seen in the random-read
-            // scenario: a full load measured at 2.1 times the target in a fast moment of the
-            // disk, four violations at 7-9 times under a cap passed as such stalls, and the
-            // fifth, the first judged as harm, found no other under the cap to cut it.
-            let unspent_stalls = if excused {
-                0
-            } else {
-                loads.map_or(0, |l| {
-                    l.cycles
-                        .iter()
-                        .filter(|c| {
-                            c.cycle >= from && c.worst.is_none() && !h.violations.contains(&c.cycle)
-                        })
-                        .count()
-                })
-            };
-            let under_cap = under_cap + unspent_stalls;
+            let under_cap = if excused { harm } else { harm + stalls.len() };
             // On a plateau two violations in ten are the disk's own scatter (a cut would
             // not lower the p99.9), three are not. A flat fit with the cap's other cycles far
             // under the target is the foot of a cliff, not a plateau the target sits on (a
             // random-read scan's on the test disk: 0.2 of the target at every cap up to the
             // knee, violations there at 2-9 times).
-            let (quiet_sum, quiet_n) = h
-                .logs_since(from)
-                .filter(|&x| x < 0.0)
-                .fold((0.0, 0), |(sum, n), x| (sum + x, n + 1));
-            let at_foot_of_cliff = quiet_n > 0 && quiet_sum / (quiet_n as f64) < KNEE_DOUBT.ln();
+            let at_foot_of_cliff = mean_log(h.logs_since(from).filter(|&x| x < 0.0))
+                .is_some_and(|(mean, _)| mean < KNEE_DOUBT.ln());
             let plateau = !at_foot_of_cliff
                 && self
                     .searches
@@ -3221,7 +3219,7 @@ mod tests {
                     // A scan's full load just over a cliff (on the test disk, 293 MB/s
                     // broke a 3 ms target at 8x): the cut goes deep.
                     disk.services[1].demand_bps = 360e6;
-                    disk.smooth_curve = Some((300.0, 30.0));
+                    disk.smooth_curve = Some((300.0, 12.0));
                 }
                 let mut p = Adaptive::default();
                 let mut changes: Vec<u64> = vec![];
