@@ -2350,15 +2350,7 @@ mod tests {
     /// The knee scale at which the writer at its current cap puts the reader at `lo..hi` of
     /// its target.
     fn scale_for(disk: &SimDisk, lo: f64, hi: f64) -> f64 {
-        (100..2000)
-            .map(|k| k as f64 / 1000.0)
-            .find(|&k| {
-                let mut probe = SimDisk::new(disk.services.clone());
-                probe.cycle = disk.cycle + 5;
-                probe.knee_scale = k;
-                let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
-                (lo..hi).contains(&f)
-            })
+        disk.knee_scale_for(100..2000, 5, lo..hi)
             .expect("a knee scale that puts the reader there")
     }
 
@@ -2369,13 +2361,9 @@ mod tests {
     /// then 6.1, 6.5 and 10.9 ms before the cut).
     #[test]
     fn under_a_cliff_two_violations_in_ten_cut_a_cap_whose_fit_reads_flat() {
-        let make = || {
-            let mut disk = pair();
-            disk.smooth_curve = Some((300.0, 30.0));
-            disk.services[1].demand_bps = 400e6;
-            disk
-        };
-        let mut disk = make();
+        let mut disk = pair();
+        disk.smooth_curve = Some((300.0, 30.0));
+        disk.services[1].demand_bps = 400e6;
         let mut p = Adaptive::default();
         disk.run(&mut p, 120);
         // The disk a little faster: the reader at 0.15 of its target under the settled cap.
@@ -2396,17 +2384,8 @@ mod tests {
             .collect();
         assert!(st.slope().is_some_and(|k| k < FUTILE_SLOPE));
         // A slowdown that puts the settled cap at 1.5-2.5 times the target.
-        let scale = (500..1000)
-            .rev()
-            .map(|k| k as f64 / 1000.0)
-            .find(|&k| {
-                let mut probe = make();
-                probe.services = disk.services.clone();
-                probe.cycle = disk.cycle + 5;
-                probe.knee_scale = k;
-                let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
-                (1.5..2.5).contains(&f)
-            })
+        let scale = disk
+            .knee_scale_for((500..1000).rev(), 5, 1.5..2.5)
             .expect("a slowdown that puts the reader at twice its target");
         let mut h = vec![];
         for slow in [true, false, false, true] {

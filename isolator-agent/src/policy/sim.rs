@@ -356,6 +356,32 @@ impl SimDisk {
         h
     }
 
+    /// The first knee scale (in thousandths, in the order given) at which the first
+    /// service's p99.9, `ahead` cycles from now under today's caps and loads, falls in
+    /// `fraction` of its target: where a test moves the knee to make a cap break by a chosen
+    /// amount. The probe disk keeps the curve, not the noise or a stall.
+    pub fn knee_scale_for(
+        &self,
+        per_mille: impl IntoIterator<Item = u32>,
+        ahead: u64,
+        fraction: std::ops::Range<f64>,
+    ) -> Option<f64> {
+        per_mille
+            .into_iter()
+            .map(|k| f64::from(k) / 1000.0)
+            .find(|&k| {
+                let mut probe = SimDisk::new(self.services.clone());
+                probe.smooth_curve = self.smooth_curve;
+                probe.cycle = self.cycle + ahead;
+                probe.knee_scale = k;
+                let first = &probe.step().services[0];
+                let target = first
+                    .slo_ns()
+                    .expect("the first service has a latency target");
+                fraction.contains(&(first.p999_ns.unwrap() as f64 / target as f64))
+            })
+    }
+
     /// Runs `n` cycles under a policy; returns every cycle's input and decisions.
     pub fn run(&mut self, p: &mut dyn Policy, n: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
         (0..n)
@@ -941,16 +967,8 @@ mod tests {
             }
             p.findings();
             let raised = disk.services[1].limit.total_bps().unwrap();
-            let scale = (10..1000)
-                .rev()
-                .map(|k| k as f64 / 1000.0)
-                .find(|&k| {
-                    let mut probe = SimDisk::new(disk.services.clone());
-                    probe.cycle = disk.cycle;
-                    probe.knee_scale = k;
-                    let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
-                    f >= 4.5
-                })
+            let scale = disk
+                .knee_scale_for((10..1000).rev(), 0, 4.5..f64::INFINITY)
                 .unwrap_or_else(|| panic!("noise {seed:?}: no slowdown puts the reader at 4.5 times its target under {raised} B/s at cycle {}", disk.cycle));
             disk.knee_scale = scale;
             let h = disk.run(&mut p, 3);
@@ -1354,15 +1372,8 @@ mod tests {
         let cap = disk.services[1].limit.wbps.expect("capped");
         // The disk slows a little: every cycle's p99.9 at 90-100 % of the target, none
         // over it.
-        let scale = (800..1000)
-            .map(|k| k as f64 / 1000.0)
-            .find(|&k| {
-                let mut probe = SimDisk::new(disk.services.clone());
-                probe.cycle = disk.cycle;
-                probe.knee_scale = k;
-                let f = probe.step().services[0].p999_ns.unwrap() as f64 / 5e6;
-                (0.92..0.98).contains(&f)
-            })
+        let scale = disk
+            .knee_scale_for(800..1000, 0, 0.92..0.98)
             .expect("a slowdown that puts the p99.9 at 92-98 % of the target");
         disk.knee_scale = scale;
         let h = disk.run(&mut p, 12);
