@@ -845,9 +845,7 @@ impl RecentLoads {
             .take_while(|&k| self.is_stall(cycle.wrapping_sub(k)))
             .count();
         let in_window = self
-            .cycles
-            .iter()
-            .filter(|l| l.cycle + NOISE_WINDOW > cycle && l.worst.is_none())
+            .stalls_since((cycle + 1).saturating_sub(NOISE_WINDOW))
             .count();
         let max_window = if beyond_full_load {
             STALL_MAX_WINDOW_BEYOND_FULL_LOAD
