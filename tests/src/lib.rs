@@ -628,17 +628,28 @@ pub fn assert_events_round_trip(events_file: &Path) {
     assert!(n > 0, "no events in {}", events_file.display());
 }
 
-/// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
-/// Asserts the agent's byte count is within `fraction` of the kernel's.
-pub fn assert_bytes_within(name: &str, agent: u64, kernel: u64, fraction: f64, diag: &str) {
-    let err = (agent as f64 - kernel as f64).abs() / kernel as f64;
-    assert!(
-        err <= fraction,
-        "{name}: agent {agent} vs kernel {kernel} bytes ({:.3} % off); {diag}",
-        err * 100.0
-    );
+/// Requests `dev` completed, by its own statistics, that the agent never saw complete
+/// (`cycle_end.disks[].unseen_completions` of the last cycle_end: cumulative).
+pub fn disk_unseen(events: &[Value], dev: &str) -> u64 {
+    events
+        .iter()
+        .rev()
+        .filter(|e| e["type"] == "cycle_end")
+        .find_map(|e| {
+            e["disks"]
+                .as_array()?
+                .iter()
+                .find(|d| d["dev"] == dev)
+                .map(|d| {
+                    d["unseen_completions"]
+                        .as_u64()
+                        .expect("the disk counts its requests")
+                })
+        })
+        .unwrap_or(0)
 }
 
+/// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
 pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
     let (mut r, mut w) = (0, 0);
     for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {

@@ -220,23 +220,3 @@ fn max_request_bytes(dev: &str) -> u64 {
         .unwrap();
     kb * 1024
 }
-
-/// The disk's unseen completions as the agent's last cycle_end gives them.
-fn disk_unseen(events: &[serde_json::Value], dev: &str) -> u64 {
-    events
-        .iter()
-        .rev()
-        .filter(|e| e["type"] == "cycle_end")
-        .find_map(|e| {
-            e["disks"]
-                .as_array()?
-                .iter()
-                .find(|d| d["dev"] == dev)
-                .map(|d| {
-                    d["unseen_completions"]
-                        .as_u64()
-                        .expect("the disk counts its requests")
-                })
-        })
-        .unwrap_or(0)
-}

@@ -100,15 +100,60 @@ fn idle_keys_leave_and_busy_keys_stay_exact() {
         last > evicted_at,
         "the busy reader ended before any eviction"
     );
+    // Not equal to the byte: this machine's kernel completes a few requests without running
+    // the block tracepoints (about 1 in 2,000, sometimes a few dozen in a row; see
+    // attribution.rs). The agent reports those from the disk's own statistics; every byte
+    // it is short beyond 0.1 % must be such a request (4 KiB each here). A key lost to an
+    // eviction would be short by bytes it did not report.
+    let unseen = disk_unseen(&events, &dev);
+    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
+    let counters = last_end.map_or_else(String::new, |e| {
+        [
+            "map_full",
+            "unsampled_requests",
+            "missed_events",
+            "untraced_completions",
+        ]
+        .iter()
+        .map(|k| format!("{k} {}", e[k]))
+        .collect::<Vec<_>>()
+        .join(", ")
+    });
     for (name, cg) in [("busy", &busy), ("idle", &idle)] {
         let kernel = cg.kernel_bytes(&dev).0;
         let agent = agent_bytes(&events, cg.id(), &dev).0;
         assert!(kernel > 0, "{name}: the load did not run");
-        // Not equal to the byte: this machine's kernel runs no completion tracepoint for
-        // about 1 in 10-20k requests (see collector::InflightLedger); a key lost to an
-        // eviction would miss far more.
-        assert_bytes_within(name, agent, kernel, 0.001, "read bytes");
+        let slack = kernel / 1000;
+        assert!(
+            agent <= kernel + slack,
+            "{name}: agent {agent} bytes, kernel only {kernel}: bytes counted twice or charged \
+             to the wrong cgroup"
+        );
+        let short = kernel.saturating_sub(agent);
+        assert!(
+            short <= slack + unseen * 4096,
+            "{name}: agent {agent} vs kernel {kernel} bytes ({:.3} % short), more than the {unseen} \
+             requests of 4 KiB it reported unseen on the disk explain; loss counters: {counters}",
+            short as f64 * 100.0 / kernel as f64
+        );
     }
+    let ios = agent_ios(&events, busy.id(), &dev);
+    assert!(
+        unseen * 20 <= ios,
+        "{unseen} requests the disk completed were never seen, next to {ios} the busy reader \
+         completed: more than 5 %"
+    );
+}
+
+/// Read requests of `cgroup_id` on `dev`, summed over every cgroup_stats record.
+fn agent_ios(events: &[Value], cgroup_id: u64, dev: &str) -> u64 {
+    events
+        .iter()
+        .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["id"] == cgroup_id)
+        .flat_map(|e| e["devices"].as_array().into_iter().flatten())
+        .filter(|d| d["dev"] == dev)
+        .map(|d| d["read"]["ios"].as_u64().unwrap_or(0))
+        .sum()
 }
 
 #[test]
