@@ -32,7 +32,8 @@
 //!   its place through one violating cycle in [`NOISE_WINDOW`].
 //! - The budget is one violating cycle in ten: the per-cycle p99.9 is modelled as log-normal
 //!   around its cap's level, with its scatter measured under each cap, and a settled cap
-//!   whose level plus [`Z_TENTH`] sigmas is over the target is trimmed; where the fitted
+//!   whose level plus [`Z_TENTH`] sigmas is over the target is trimmed, unless the window's
+//!   upper half alone keeps the budget (quiet cycles only widen sigma); where the fitted
 //!   slope of latency against the cap is flat, no trim can help and none is made.
 //! - A knee is trusted for [`BAD_MEMORY_CYCLES`] (not counting cycles the aggressor rests),
 //!   twice as long each time it is found again: a stable knee is probed ever more rarely, a
@@ -976,8 +977,11 @@ impl DeviceHistory {
         let sigma = self.sigma();
         // Over the budget with some confidence: the mean of a few cycles is itself noisy.
         let doubt = Z_CONFIDENCE * sigma / (n as f64).sqrt();
-        (n >= TRIM_MIN_CYCLES && mean - doubt + Z_TENTH * sigma > 0.0)
-            .then_some(mean + Z_TRIM * sigma)
+        let logs: Vec<f64> = self.logs_since(from).collect();
+        (n >= TRIM_MIN_CYCLES
+            && mean - doubt + Z_TENTH * sigma > 0.0
+            && !upper_half_within_budget(logs))
+        .then_some(mean + Z_TRIM * sigma)
     }
 
     /// Whether a violation since the episode's start is still in the last [`NOISE_WINDOW`]
@@ -1021,6 +1025,40 @@ impl DeviceHistory {
     fn harm_since(&self, from: u64) -> bool {
         self.last_harm.is_some_and(|c| c >= from)
     }
+}
+
+/// Whether a window's upper half alone shows, with confidence, at most one cycle in ten
+/// over the target: its 90th percentile estimated as a log-normal's from the median and
+/// the spread of the cycles above it ([`upper_half`]), plus one standard error. Cycles
+/// under the median do not enter, so quiet cycles never make a window look worse. The
+/// budget's model takes one sigma of the whole window, which a bimodal reader's quiet
+/// cycles widen. Seen on the test disk (BENCHMARKS run AF, writer repeat 3): under 375 MB/s
+/// the reader ran 3.2-4.4 ms in eight cycles of eleven and 0.5-1.0 ms in the other three,
+/// target 5 ms, none over; a sigma of 0.86 read more than one in ten over and trimmed to
+/// 281 MB/s, where the bursts ran as high (3.3-4.3 ms). Only a veto on a trim: the
+/// near-miss bar keeps the whole window's sigma (taken from the upper half too, the
+/// simulator's bimodal reader, bursts in a third of its cycles, passed probes on the
+/// cycles between and broke at the next burst: 8 changes in 275 cycles became 35).
+fn upper_half_within_budget(logs: Vec<f64>) -> bool {
+    let n = logs.len();
+    if n < TRIM_MIN_CYCLES {
+        return false;
+    }
+    let (median, sigma) = upper_half(logs);
+    let sigma = sigma.max(DEFAULT_NOISE_SIGMA);
+    median + Z_TENTH * sigma + Z_CONFIDENCE * sigma / ((n - n / 2) as f64).sqrt() < 0.0
+}
+
+/// The median of `logs` (at least two) and the sigma of a normal fitted to the cycles
+/// above it: the root mean square of their distances from the median (a normal's half
+/// above its median lies one sigma from it in that sense).
+fn upper_half(mut logs: Vec<f64>) -> (f64, f64) {
+    logs.sort_by(f64::total_cmp);
+    let mid = logs.len() / 2;
+    let median = logs[mid];
+    let above = &logs[mid + 1..];
+    let ms = above.iter().map(|x| (x - median).powi(2)).sum::<f64>() / above.len().max(1) as f64;
+    (median, ms.sqrt())
 }
 
 /// The mean of `logs` and how many there are (None: none).
@@ -2265,6 +2303,33 @@ mod tests {
     /// target under 147 MB/s and 0.25 under 295, doubled to 589 and put the reader at 8-12
     /// times its target; the line stops at the target, ~400 MB/s. On the latency floor
     /// (no slope) it doubles; at the aim already, it does not raise.
+    /// The windows of BENCHMARKS run AF that the scatter model trimmed (fractions of the
+    /// target): the bimodal reader's bursts are within the budget by the upper half; the
+    /// on/off reader (one cycle over, three within 10 %) and the random-read scan's (one
+    /// over, spread) are not, and their trims stand.
+    #[test]
+    fn the_upper_half_vetoes_only_a_trim_that_quiet_cycles_caused() {
+        let logs = |f: &[f64]| f.iter().map(|x| x.ln()).collect::<Vec<_>>();
+        let bimodal = [
+            0.88, 0.68, 0.77, 0.71, 0.14, 0.10, 0.64, 0.19, 0.82, 0.82, 0.68,
+        ];
+        assert!(upper_half_within_budget(logs(&bimodal)));
+        let on_off = [
+            0.77, 0.81, 0.83, 0.81, 0.68, 0.79, 0.9, 0.96, 0.93, 0.66, 1.27, 0.96, 0.79,
+        ];
+        assert!(!upper_half_within_budget(logs(&on_off)));
+        let scan = [
+            0.55, 0.71, 0.41, 0.56, 0.66, 0.23, 0.97, 0.68, 0.88, 0.31, 0.26, 0.66, 0.78, 0.57,
+            0.84, 0.43, 0.75, 0.91, 1.13, 0.61,
+        ];
+        assert!(!upper_half_within_budget(logs(&scan)));
+        // The same bursts with no quiet cycle: the veto does not depend on them.
+        let bursts: Vec<f64> = bimodal.iter().copied().filter(|&f| f > 0.5).collect();
+        assert!(upper_half_within_budget(logs(&bursts)));
+        // Too few cycles to say anything.
+        assert!(!upper_half_within_budget(logs(&[0.1, 0.1, 0.1, 0.1])));
+    }
+
     #[test]
     fn a_doubling_search_stops_where_the_line_reaches_the_target() {
         let mb = 1_000_000u64;
