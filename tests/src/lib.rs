@@ -628,6 +628,97 @@ pub fn assert_events_round_trip(events_file: &Path) {
     assert!(n > 0, "no events in {}", events_file.display());
 }
 
+/// One (cgroup, direction) as the agent reported it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub bytes: u64,
+    pub ios: u64,
+}
+
+/// Requests the agent reported it could not see on the disk, and the most bytes each holds.
+pub struct Unseen {
+    pub requests: u64,
+    pub max_request_bytes: u64,
+}
+
+/// Asserts the agent's bytes are at most `slack` over the kernel's (more would be bytes
+/// charged to the wrong cgroup) and at most `slack` short beyond what the requests it
+/// reported unseen on the disk hold (this machine's kernel completes a few requests without
+/// running the block tracepoints; see attribution.rs).
+pub fn assert_bytes_explained(
+    name: &str,
+    agent: Seen,
+    kernel: u64,
+    slack: u64,
+    unseen: &Unseen,
+    diag: &str,
+) {
+    assert!(
+        agent.bytes <= kernel + slack,
+        "{name}: agent {} bytes, kernel only {kernel}: bytes charged to the wrong cgroup; {diag}",
+        agent.bytes
+    );
+    let short = kernel.saturating_sub(agent.bytes);
+    assert!(
+        short <= slack + unseen.requests * unseen.max_request_bytes,
+        "{name}: agent {} vs kernel {kernel} bytes ({:.3} % short), more than the {} requests \
+         it reported unseen on the disk (at most {} bytes each) explain; {diag}",
+        agent.bytes,
+        short as f64 * 100.0 / kernel as f64,
+        unseen.requests,
+        unseen.max_request_bytes
+    );
+}
+
+/// (read, write + other) of `cgroup_id` on `dev`, summed over every cgroup_stats record.
+pub fn agent_seen(events: &[Value], cgroup_id: u64, dev: &str) -> (Seen, Seen) {
+    let (mut r, mut w) = (Seen::default(), Seen::default());
+    for e in events
+        .iter()
+        .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["id"].as_u64() == Some(cgroup_id))
+    {
+        for d in e["devices"].as_array().unwrap() {
+            if d["dev"] != dev {
+                continue;
+            }
+            for (op, to_write) in [("read", false), ("write", true), ("other", true)] {
+                let o = &d[op];
+                let s = if to_write { &mut w } else { &mut r };
+                s.bytes += o["bytes"].as_u64().unwrap_or(0);
+                s.ios += o["ios"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    (r, w)
+}
+
+/// Where bytes the agent missed could have gone: the agent's own loss counters and the
+/// (read, write) bytes it charged to every other cgroup on the disk.
+pub fn lost_data_report(events: &[Value], dev: &str, ours: &[u64]) -> String {
+    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
+    let counter = |k: &str| last_end.map_or(Value::Null, |e| e[k].clone());
+    let mut others = std::collections::BTreeMap::<String, (u64, u64)>::new();
+    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
+        let id = e["cgroup"]["id"].as_u64().unwrap_or(0);
+        if ours.contains(&id) {
+            continue;
+        }
+        let name = e["cgroup"]["path"].as_str().unwrap_or("?").to_string();
+        let (r, w) = agent_bytes(std::slice::from_ref(e), id, dev);
+        let t = others.entry(format!("{name} ({id})")).or_default();
+        t.0 += r;
+        t.1 += w;
+    }
+    format!(
+        "agent loss counters: map_full {} unsampled_requests {} missed_events {} preexisting_completions {} unseen on the disk {}; other cgroups (read, write): {others:?}",
+        counter("map_full"),
+        counter("unsampled_requests"),
+        counter("missed_events"),
+        counter("preexisting_completions"),
+        disk_unseen(events, dev),
+    )
+}
+
 /// Requests `dev` completed, by its own statistics, that the agent never saw complete
 /// (`cycle_end.disks[].unseen_completions` of the last cycle_end: cumulative).
 pub fn disk_unseen(events: &[Value], dev: &str) -> u64 {

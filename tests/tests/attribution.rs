@@ -14,62 +14,14 @@ use std::{process::Command, thread, time::Duration};
 
 use isolator_tests::*;
 
-/// One (cgroup, direction) as the agent reported it.
-#[derive(Debug, Default, Clone, Copy)]
-struct Seen {
-    bytes: u64,
-    ios: u64,
-}
-
-/// Requests the agent reported it could not see on the disk, and the most bytes each holds.
-struct Unseen {
-    requests: u64,
-    max_request_bytes: u64,
-}
-
+/// The agent's bytes of one (cgroup, direction) within 2 % of the kernel's, less what it
+/// reported unseen; the kernel's at least `at_least` (the load ran).
 fn within(name: &str, agent: Seen, kernel: u64, at_least: u64, unseen: &Unseen, diag: &str) {
     assert!(
         kernel >= at_least,
         "{name}: kernel counted {kernel} bytes, expected at least {at_least}: the load did not run"
     );
-    let slack = kernel / 50;
-    assert!(
-        agent.bytes <= kernel + slack,
-        "{name}: agent {} bytes, kernel only {kernel}: bytes charged to the wrong cgroup; {diag}",
-        agent.bytes
-    );
-    let short = kernel.saturating_sub(agent.bytes);
-    assert!(
-        short <= slack + unseen.requests * unseen.max_request_bytes,
-        "{name}: agent {} vs kernel {kernel} bytes ({:.3} % short), more than the {} requests \
-         it reported unseen on the disk (at most {} bytes each) explain; {diag}",
-        agent.bytes,
-        short as f64 * 100.0 / kernel as f64,
-        unseen.requests,
-        unseen.max_request_bytes
-    );
-}
-
-/// (read, write + other) of `cgroup_id` on `dev`, summed over every cgroup_stats record.
-fn seen(events: &[serde_json::Value], cgroup_id: u64, dev: &str) -> (Seen, Seen) {
-    let (mut r, mut w) = (Seen::default(), Seen::default());
-    for e in events
-        .iter()
-        .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["id"].as_u64() == Some(cgroup_id))
-    {
-        for d in e["devices"].as_array().unwrap() {
-            if d["dev"] != dev {
-                continue;
-            }
-            for (op, to_write) in [("read", false), ("write", true), ("other", true)] {
-                let o = &d[op];
-                let s = if to_write { &mut w } else { &mut r };
-                s.bytes += o["bytes"].as_u64().unwrap_or(0);
-                s.ios += o["ios"].as_u64().unwrap_or(0);
-            }
-        }
-    }
-    (r, w)
+    assert_bytes_explained(name, agent, kernel, kernel / 50, unseen, diag);
 }
 
 #[test]
@@ -146,7 +98,10 @@ fn per_cgroup_bytes_match_kernel_counters() {
     agent.wait_cycles(2);
     let events = agent.events();
     let (ka, kb) = (a.kernel_bytes(&dev), b.kernel_bytes(&dev));
-    let (xa, xb) = (seen(&events, a.id(), &dev), seen(&events, b.id(), &dev));
+    let (xa, xb) = (
+        agent_seen(&events, a.id(), &dev),
+        agent_seen(&events, b.id(), &dev),
+    );
     eprintln!("dev {dev}: A kernel {ka:?} agent {xa:?}; B kernel {kb:?} agent {xb:?}");
     let diag = lost_data_report(&events, &dev, &[a.id(), b.id()]);
     eprintln!("{diag}");
@@ -181,33 +136,6 @@ fn per_cgroup_bytes_match_kernel_counters() {
     assert!(events.iter().any(
         |e| e["type"] == "cgroup_stats" && e["cgroup"]["path"].as_str() == Some(&a.rel_path())
     ));
-}
-
-/// Where bytes the agent missed could have gone: the agent's own loss counters and the
-/// (read, write) bytes it charged to every other cgroup on the disk.
-fn lost_data_report(events: &[serde_json::Value], dev: &str, ours: &[u64]) -> String {
-    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
-    let counter = |k: &str| last_end.map_or(serde_json::Value::Null, |e| e[k].clone());
-    let mut others = std::collections::BTreeMap::<String, (u64, u64)>::new();
-    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
-        let id = e["cgroup"]["id"].as_u64().unwrap_or(0);
-        if ours.contains(&id) {
-            continue;
-        }
-        let name = e["cgroup"]["path"].as_str().unwrap_or("?").to_string();
-        let (r, w) = agent_bytes(std::slice::from_ref(e), id, dev);
-        let t = others.entry(format!("{name} ({id})")).or_default();
-        t.0 += r;
-        t.1 += w;
-    }
-    format!(
-        "agent loss counters: map_full {} unsampled_requests {} missed_events {} preexisting_completions {} unseen on the disk {}; other cgroups (read, write): {others:?}",
-        counter("map_full"),
-        counter("unsampled_requests"),
-        counter("missed_events"),
-        counter("preexisting_completions"),
-        disk_unseen(events, dev),
-    )
 }
 
 /// Largest request the disk takes, in bytes (`queue/max_sectors_kb`).

@@ -105,55 +105,24 @@ fn idle_keys_leave_and_busy_keys_stay_exact() {
     // attribution.rs). The agent reports those from the disk's own statistics; every byte
     // it is short beyond 0.1 % must be such a request (4 KiB each here). A key lost to an
     // eviction would be short by bytes it did not report.
-    let unseen = disk_unseen(&events, &dev);
-    let last_end = events.iter().rev().find(|e| e["type"] == "cycle_end");
-    let counters = last_end.map_or_else(String::new, |e| {
-        [
-            "map_full",
-            "unsampled_requests",
-            "missed_events",
-            "untraced_completions",
-        ]
-        .iter()
-        .map(|k| format!("{k} {}", e[k]))
-        .collect::<Vec<_>>()
-        .join(", ")
-    });
+    let unseen = Unseen {
+        requests: disk_unseen(&events, &dev),
+        max_request_bytes: 4096,
+    };
+    let diag = lost_data_report(&events, &dev, &[busy.id(), idle.id()]);
     for (name, cg) in [("busy", &busy), ("idle", &idle)] {
         let kernel = cg.kernel_bytes(&dev).0;
-        let agent = agent_bytes(&events, cg.id(), &dev).0;
+        let agent = agent_seen(&events, cg.id(), &dev).0;
         assert!(kernel > 0, "{name}: the load did not run");
-        let slack = kernel / 1000;
-        assert!(
-            agent <= kernel + slack,
-            "{name}: agent {agent} bytes, kernel only {kernel}: bytes counted twice or charged \
-             to the wrong cgroup"
-        );
-        let short = kernel.saturating_sub(agent);
-        assert!(
-            short <= slack + unseen * 4096,
-            "{name}: agent {agent} vs kernel {kernel} bytes ({:.3} % short), more than the {unseen} \
-             requests of 4 KiB it reported unseen on the disk explain; loss counters: {counters}",
-            short as f64 * 100.0 / kernel as f64
-        );
+        assert_bytes_explained(name, agent, kernel, kernel / 1000, &unseen, &diag);
     }
-    let ios = agent_ios(&events, busy.id(), &dev);
+    let ios = agent_seen(&events, busy.id(), &dev).0.ios;
     assert!(
-        unseen * 20 <= ios,
-        "{unseen} requests the disk completed were never seen, next to {ios} the busy reader \
-         completed: more than 5 %"
+        unseen.requests * 20 <= ios,
+        "{} requests the disk completed were never seen, next to {ios} the busy reader \
+         completed: more than 5 %",
+        unseen.requests
     );
-}
-
-/// Read requests of `cgroup_id` on `dev`, summed over every cgroup_stats record.
-fn agent_ios(events: &[Value], cgroup_id: u64, dev: &str) -> u64 {
-    events
-        .iter()
-        .filter(|e| e["type"] == "cgroup_stats" && e["cgroup"]["id"] == cgroup_id)
-        .flat_map(|e| e["devices"].as_array().into_iter().flatten())
-        .filter(|d| d["dev"] == dev)
-        .map(|d| d["read"]["ios"].as_u64().unwrap_or(0))
-        .sum()
 }
 
 #[test]

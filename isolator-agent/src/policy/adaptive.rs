@@ -973,11 +973,11 @@ impl DeviceHistory {
     /// the one-in-ten budget, and if so by how much (in log fraction, aiming [`Z_TRIM`]
     /// sigmas under the target).
     fn over_budget(&self, from: u64) -> Option<f64> {
-        let (mean, n) = self.level_since(from)?;
+        let logs: Vec<f64> = self.logs_since(from).collect();
+        let (mean, n) = mean_log(logs.iter().copied())?;
         let sigma = self.sigma();
         // Over the budget with some confidence: the mean of a few cycles is itself noisy.
         let doubt = Z_CONFIDENCE * sigma / (n as f64).sqrt();
-        let logs: Vec<f64> = self.logs_since(from).collect();
         (n >= TRIM_MIN_CYCLES
             && mean - doubt + Z_TENTH * sigma > 0.0
             && !upper_half_within_budget(logs))
@@ -2298,11 +2298,6 @@ mod tests {
     use super::*;
     use crate::policy::sim::{SimDisk, SimService};
 
-    /// The doubling search after an arrival (no knee known) extends the line through the
-    /// p99.9 of the cap it was raised from and this one's: CI's container run, a writer at 0.01 of the
-    /// target under 147 MB/s and 0.25 under 295, doubled to 589 and put the reader at 8-12
-    /// times its target; the line stops at the target, ~400 MB/s. On the latency floor
-    /// (no slope) it doubles; at the aim already, it does not raise.
     /// The windows of BENCHMARKS run AF that the scatter model trimmed (fractions of the
     /// target): the bimodal reader's bursts are within the budget by the upper half; the
     /// on/off reader (one cycle over, three within 10 %) and the random-read scan's (one
@@ -2330,6 +2325,11 @@ mod tests {
         assert!(!upper_half_within_budget(logs(&[0.1, 0.1, 0.1, 0.1])));
     }
 
+    /// The doubling search after an arrival (no knee known) extends the line through the
+    /// p99.9 of the cap it was raised from and this one's: CI's container run, a writer at 0.01 of the
+    /// target under 147 MB/s and 0.25 under 295, doubled to 589 and put the reader at 8-12
+    /// times its target; the line stops at the target, ~400 MB/s. On the latency floor
+    /// (no slope) it doubles; at the aim already, it does not raise.
     #[test]
     fn a_doubling_search_stops_where_the_line_reaches_the_target() {
         let mb = 1_000_000u64;
