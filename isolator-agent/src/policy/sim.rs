@@ -1426,6 +1426,59 @@ mod tests {
         assert!(at >= 4, "trimmed after {} cycles", at + 1);
     }
 
+    /// One cycle's burst of slow reads (BENCHMARKS run AF, PostgreSQL repeat 2: 109 reads over
+    /// 0.9 of the target in one cycle, none in the nine before) is the one violating cycle in
+    /// ten the budget allows: it fills a pooled window's tail alone, and trims nothing.
+    #[test]
+    fn a_burst_of_slow_reads_in_one_cycle_of_a_full_window_trims_nothing() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let h = disk.run(&mut p, 10);
+        assert!(
+            h.iter().all(|(_, d)| d.is_empty()),
+            "not settled: {:?}",
+            h.iter().flat_map(|(_, d)| d).collect::<Vec<_>>()
+        );
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        let target = 5_000_000u64;
+        let mut c = disk.step();
+        let r = &mut c.services[0];
+        let burst = r.samples / 20;
+        let slow = isolator_common::histogram::latency_bucket(target * 109 / 100) as u16;
+        r.latency_hist = vec![(r.latency_hist[0].0, r.samples - burst), (slow, burst)];
+        r.p999_ns = Some(target * 109 / 100);
+        assert!(r.violating());
+        let d = p.decide(&c);
+        disk.apply(&d);
+        assert!(d.is_empty(), "one violating cycle moved the cap: {d:?}");
+        let mut window: Vec<DeviceCycle> = h.into_iter().map(|(c, _)| c).skip(1).collect();
+        window.push(c);
+        let after = disk.run(&mut p, 9);
+        // The burst alone puts the window's p99.9 over the trim's bar: a pooled window that
+        // kept it would trim.
+        let mut merged = std::collections::BTreeMap::<u16, u64>::new();
+        for s in window.iter().map(|c| &c.services[0]) {
+            for &(b, n) in &s.latency_hist {
+                *merged.entry(b).or_default() += n;
+            }
+        }
+        let total = merged.values().sum();
+        let sparse: Vec<(u16, u64)> = merged.into_iter().collect();
+        let pooled = crate::measure::metrics::percentile(&sparse, total, 0.999).unwrap();
+        assert!(
+            pooled as f64 > 0.9 * target as f64,
+            "pooled p99.9 {pooled} ns"
+        );
+        assert!(after.iter().all(|(c, _)| !c.services[0].violating()));
+        let moved: Vec<&Decision> = after.iter().flat_map(|(_, d)| d).collect();
+        assert!(
+            moved.is_empty(),
+            "the burst trimmed the cap {cap}: {moved:?}"
+        );
+        assert_eq!(disk.services[1].limit.wbps, Some(cap));
+    }
+
     #[test]
     fn adaptive_says_when_no_cap_can_meet_an_slo_and_keeps_floors() {
         // A QD1 reader alone whose target is below what it gets alone: told, nothing cut.
