@@ -1457,15 +1457,7 @@ mod tests {
         let after = disk.run(&mut p, 9);
         // The burst alone puts the window's p99.9 over the trim's bar: a pooled window that
         // kept it would trim.
-        let mut merged = std::collections::BTreeMap::<u16, u64>::new();
-        for s in window.iter().map(|c| &c.services[0]) {
-            for &(b, n) in &s.latency_hist {
-                *merged.entry(b).or_default() += n;
-            }
-        }
-        let total = merged.values().sum();
-        let sparse: Vec<(u16, u64)> = merged.into_iter().collect();
-        let pooled = crate::measure::metrics::percentile(&sparse, total, 0.999).unwrap();
+        let pooled = pooled_p999(window.iter().map(|c| &c.services[0]));
         assert!(
             pooled as f64 > 0.9 * target as f64,
             "pooled p99.9 {pooled} ns"
@@ -1477,6 +1469,49 @@ mod tests {
             "the burst trimmed the cap {cap}: {moved:?}"
         );
         assert_eq!(disk.services[1].limit.wbps, Some(cap));
+    }
+
+    /// The p99.9 of every I/O of `services`' cycles together.
+    fn pooled_p999<'a>(services: impl Iterator<Item = &'a ServiceLoad>) -> u64 {
+        let mut sum = crate::measure::metrics::HistSum::default();
+        for s in services {
+            sum.add(&s.latency_hist);
+        }
+        crate::measure::metrics::percentile(&sum.sparse(), sum.samples(), 0.999).unwrap()
+    }
+
+    /// A tail spread over a full window is the cap's, not a burst: with its worst cycle left
+    /// out, slow reads in two cycles (none of them over the target) still trim.
+    #[test]
+    fn a_tail_in_two_cycles_of_a_full_window_still_trims() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let h = disk.run(&mut p, 10);
+        assert!(h.iter().all(|(_, d)| d.is_empty()), "not settled");
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        let target = 5_000_000u64;
+        let mut trims = vec![];
+        for _ in 0..2 {
+            let mut c = disk.step();
+            let r = &mut c.services[0];
+            let slow = r.samples / 20;
+            let at = isolator_common::histogram::latency_bucket(target * 95 / 100) as u16;
+            r.latency_hist = vec![(r.latency_hist[0].0, r.samples - slow), (at, slow)];
+            r.p999_ns = Some(target * 95 / 100);
+            assert!(!r.violating());
+            let d = p.decide(&c);
+            disk.apply(&d);
+            trims.extend(d);
+        }
+        assert_eq!(trims.len(), 1, "{trims:?}");
+        let to = trims[0].to.unwrap() as f64 / cap as f64;
+        assert!((0.75..=0.92).contains(&to), "trimmed to {to}");
+        assert!(
+            trims[0].reason.contains("its worst cycle left out"),
+            "{}",
+            trims[0].reason
+        );
     }
 
     #[test]
