@@ -742,21 +742,8 @@ pub fn disk_unseen(events: &[Value], dev: &str) -> u64 {
 
 /// Sums one cgroup's bytes on `dev` over all cgroup_stats events: (read, write + other).
 pub fn agent_bytes(events: &[Value], cgroup_id: u64, dev: &str) -> (u64, u64) {
-    let (mut r, mut w) = (0, 0);
-    for e in events.iter().filter(|e| e["type"] == "cgroup_stats") {
-        if e["cgroup"]["id"].as_u64() != Some(cgroup_id) {
-            continue;
-        }
-        for d in e["devices"].as_array().unwrap() {
-            if d["dev"] != dev {
-                continue;
-            }
-            r += d["read"]["bytes"].as_u64().unwrap_or(0);
-            w += d["write"]["bytes"].as_u64().unwrap_or(0);
-            w += d["other"]["bytes"].as_u64().unwrap_or(0);
-        }
-    }
-    (r, w)
+    let (r, w) = agent_seen(events, cgroup_id, dev);
+    (r.bytes, w.bytes)
 }
 
 /// The noisy-neighbor scenario of the SLO issue, shared by the control test and the

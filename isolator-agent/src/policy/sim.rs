@@ -1031,9 +1031,13 @@ mod tests {
 
     /// The noisy pair at a 5 ms target after 60 cycles: the policy, and the writer's cap.
     fn settled_writer() -> (SimDisk, Adaptive, u64) {
+        settled_writer_after(60)
+    }
+
+    fn settled_writer_after(cycles: u64) -> (SimDisk, Adaptive, u64) {
         let mut disk = noisy_pair(5.0);
         let mut p = Adaptive::default();
-        disk.run(&mut p, 60);
+        disk.run(&mut p, cycles);
         let cap = disk.services[1].limit.wbps.expect("capped");
         (disk, p, cap)
     }
@@ -1431,35 +1435,20 @@ mod tests {
     /// ten the budget allows: it fills a pooled window's tail alone, and trims nothing.
     #[test]
     fn a_burst_of_slow_reads_in_one_cycle_of_a_full_window_trims_nothing() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 100);
-        let h = disk.run(&mut p, 10);
-        assert!(
-            h.iter().all(|(_, d)| d.is_empty()),
-            "not settled: {:?}",
-            h.iter().flat_map(|(_, d)| d).collect::<Vec<_>>()
-        );
-        let cap = disk.services[1].limit.wbps.expect("capped");
-        let target = 5_000_000u64;
-        let mut c = disk.step();
-        let r = &mut c.services[0];
-        let burst = r.samples / 20;
-        let slow = isolator_common::histogram::latency_bucket(target * 109 / 100) as u16;
-        r.latency_hist = vec![(r.latency_hist[0].0, r.samples - burst), (slow, burst)];
-        r.p999_ns = Some(target * 109 / 100);
-        assert!(r.violating());
+        let (mut disk, mut p, cap, window) = settled_for_a_full_window();
+        let c = slow_reads_in_next_cycle(&mut disk, 109);
+        assert!(c.services[0].violating());
         let d = p.decide(&c);
         disk.apply(&d);
         assert!(d.is_empty(), "one violating cycle moved the cap: {d:?}");
-        let mut window: Vec<DeviceCycle> = h.into_iter().map(|(c, _)| c).skip(1).collect();
+        let mut window: Vec<DeviceCycle> = window.into_iter().skip(1).collect();
         window.push(c);
         let after = disk.run(&mut p, 9);
         // The burst alone puts the window's p99.9 over the trim's bar: a pooled window that
         // kept it would trim.
         let pooled = pooled_p999(window.iter().map(|c| &c.services[0]));
         assert!(
-            pooled as f64 > 0.9 * target as f64,
+            pooled as f64 > 0.9 * SLOW_READS_TARGET_NS as f64,
             "pooled p99.9 {pooled} ns"
         );
         assert!(after.iter().all(|(c, _)| !c.services[0].violating()));
@@ -1469,6 +1458,36 @@ mod tests {
             "the burst trimmed the cap {cap}: {moved:?}"
         );
         assert_eq!(disk.services[1].limit.wbps, Some(cap));
+    }
+
+    /// The noisy pair's writer settled under its cap for a full noise window: the policy,
+    /// the cap, and that window's cycles.
+    fn settled_for_a_full_window() -> (SimDisk, Adaptive, u64, Vec<DeviceCycle>) {
+        let (mut disk, mut p, _) = settled_writer_after(100);
+        let h = disk.run(&mut p, crate::policy::adaptive::NOISE_WINDOW);
+        assert!(
+            h.iter().all(|(_, d)| d.is_empty()),
+            "not settled: {:?}",
+            h.iter().flat_map(|(_, d)| d).collect::<Vec<_>>()
+        );
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        (disk, p, cap, h.into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// The noisy pair's reader target.
+    const SLOW_READS_TARGET_NS: u64 = 5_000_000;
+
+    /// The next cycle of `disk` with a twentieth of its reader's I/Os at `percent` of the
+    /// target, and its p99.9 there.
+    fn slow_reads_in_next_cycle(disk: &mut SimDisk, percent: u64) -> DeviceCycle {
+        let mut c = disk.step();
+        let r = &mut c.services[0];
+        let slow = r.samples / 20;
+        let at_ns = SLOW_READS_TARGET_NS * percent / 100;
+        let at = isolator_common::histogram::latency_bucket(at_ns) as u16;
+        r.latency_hist = vec![(r.latency_hist[0].0, r.samples - slow), (at, slow)];
+        r.p999_ns = Some(at_ns);
+        c
     }
 
     /// The p99.9 of every I/O of `services`' cycles together.
@@ -1484,22 +1503,11 @@ mod tests {
     /// out, slow reads in two cycles (none of them over the target) still trim.
     #[test]
     fn a_tail_in_two_cycles_of_a_full_window_still_trims() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 100);
-        let h = disk.run(&mut p, 10);
-        assert!(h.iter().all(|(_, d)| d.is_empty()), "not settled");
-        let cap = disk.services[1].limit.wbps.expect("capped");
-        let target = 5_000_000u64;
+        let (mut disk, mut p, cap, _) = settled_for_a_full_window();
         let mut trims = vec![];
         for _ in 0..2 {
-            let mut c = disk.step();
-            let r = &mut c.services[0];
-            let slow = r.samples / 20;
-            let at = isolator_common::histogram::latency_bucket(target * 95 / 100) as u16;
-            r.latency_hist = vec![(r.latency_hist[0].0, r.samples - slow), (at, slow)];
-            r.p999_ns = Some(target * 95 / 100);
-            assert!(!r.violating());
+            let c = slow_reads_in_next_cycle(&mut disk, 95);
+            assert!(!c.services[0].violating());
             let d = p.decide(&c);
             disk.apply(&d);
             trims.extend(d);
