@@ -1050,6 +1050,7 @@ fn the_daemonset_grants_the_units_capabilities() {
 /// and tools), exported read-only over 9p with a tmpfs overlay on top, the agent, the
 /// shipped unit and the probe put in, and systemd started as PID 1 with the probe's target.
 const SYSTEMD_INIT: &str = r#"#!/bin/busybox sh
+echo "=== init started"
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in $(cat /modlist); do insmod /lib/$m.ko || echo "=== insmod $m failed"; done
