@@ -945,9 +945,24 @@ impl DeviceHistory {
         (-z * sigma).exp().max(NEAR_MISS_FLOOR)
     }
 
+    /// Forgets the bursts once a cap changed after the window they were measured in, unless
+    /// a raise from that window is on probation (`probing`): a cut, a trim, a fall-back or
+    /// another service's change is another regime, and the bursts' bar is the more lenient
+    /// one. Called after [`Self::note_changes`].
+    fn drop_stale_bursts(&mut self, probing: bool) {
+        if !probing
+            && self
+                .bursts
+                .is_some_and(|b| self.changes.iter().any(|&c| c + 2 > b.since))
+        {
+            self.bursts = None;
+        }
+    }
+
     /// Whether a raise whose window started at `from` has met the bursts of a bimodal
-    /// service by `now`: as many cycles at their level as a probe window has cycles, or a
-    /// full window (the bursts have stopped). Its quiet cycles say nothing of what the
+    /// service by `now`: as many cycles at their level (at least the held cap's lowest
+    /// burst: a raise that lifts the quiet cycles over the gap has not shown its bursts) as
+    /// a probe window has cycles, or a full window with fewer (the bursts have stopped). Its quiet cycles say nothing of what the
     /// raise does to the bursts, and a verdict on fewer bursts than a steady reader's
     /// cycles is a weaker one (the simulator's bimodal reader, bursts in a third of its
     /// cycles, passed on one burst: 6-9 violating cycles in 275 became 12-16).
@@ -956,11 +971,7 @@ impl DeviceHistory {
             return true;
         };
         now + 1 >= from + NOISE_WINDOW
-            || self
-                .logs_since(from)
-                .filter(|&x| x >= b.quiet_under)
-                .count() as u64
-                >= PROBE_CYCLES
+            || self.logs_since(from).filter(|&x| x >= b.lowest).count() as u64 >= PROBE_CYCLES
     }
 
     /// The log fractions of the cycles from `from` on.
@@ -992,7 +1003,7 @@ impl DeviceHistory {
         });
         // Bimodality shows in a few cycles under one cap, its absence only over a window:
         // a raise's first quiet cycles must not erase what its held cap showed.
-        match BurstMode::of(&logs) {
+        match BurstMode::of(&logs, from) {
             Some(b) => self.bursts = Some(b),
             None if logs.len() as u64 >= NOISE_WINDOW => self.bursts = None,
             None => {}
@@ -1070,15 +1081,16 @@ impl DeviceHistory {
 /// the reader ran 3.2-4.4 ms in eight cycles of eleven and 0.5-1.0 ms in the other three,
 /// target 5 ms, none over; a sigma of 0.86 read more than one in ten over and trimmed to
 /// 281 MB/s, where the bursts ran as high (3.3-4.3 ms). Only a veto on a trim: the
-/// near-miss bar keeps the whole window's sigma (taken from the upper half too, the
-/// simulator's bimodal reader, bursts in a third of its cycles, passed probes on the
-/// cycles between and broke at the next burst: 8 changes in 275 cycles became 35).
+/// near-miss bar keeps the whole window's sigma, or the bursts' where it is bimodal (taken
+/// from the upper half, the simulator's bimodal reader, bursts in a third of its cycles,
+/// passed probes on the cycles between and broke at the next burst: 8 changes in 275
+/// cycles became 35).
 fn upper_half_within_budget(logs: Vec<f64>) -> bool {
     let n = logs.len();
     if n < TRIM_MIN_CYCLES {
         return false;
     }
-    if let Some(b) = BurstMode::of(&logs) {
+    if let Some(b) = BurstMode::of(&logs, 0) {
         return b.level + b.z * b.sigma + Z_CONFIDENCE * b.sigma / (b.count as f64).sqrt() < 0.0;
     }
     let (median, sigma) = upper_half(logs);
@@ -1122,12 +1134,15 @@ struct BurstMode {
     /// cycle in ten to break it: the budget counts every cycle, so bursts in half of them
     /// may each break it one time in five (at most [`MAX_BURST_BREAKS`]).
     z: f64,
-    /// The log fraction half-way (in log space) across the gap between the modes: a cycle
-    /// at or above it is a burst.
-    quiet_under: f64,
-    /// The median log fraction of the bursts, and how many there were.
+    /// The log fraction of the lowest burst.
+    lowest: f64,
+    /// The median log fraction of the bursts (the upper one of an even count), and how
+    /// many there were.
     level: f64,
     count: usize,
+    /// The first cycle of the window the bursts were measured in: a cap change after it
+    /// other than a raise on probation ends them (see [`DeviceHistory::drop_stale_bursts`]).
+    since: u64,
 }
 
 /// Two modes at least this far apart (the ratio of the lowest burst to the highest quiet
@@ -1145,13 +1160,16 @@ const MAX_BURST_BREAKS: f64 = 0.25;
 /// Each mode needs this many cycles: one slow or one quiet cycle is an outlier, not a mode.
 const BIMODAL_MIN_CYCLES: usize = 2;
 /// And the modes must take turns at least this often (in time order): a level that moved
-/// once (a slow spell of the disk ending under an unchanged cap) is two levels, not bursts.
-const BIMODAL_MIN_TURNS: usize = 2;
+/// once (a slow spell of the disk ending under an unchanged cap) is two levels, and one
+/// that moved and came back (a spell inside the window) one spell, not bursts.
+const BIMODAL_MIN_TURNS: usize = 3;
 
 impl BurstMode {
     /// The bursts of `logs` (log fractions of cycles under one cap in time order, at least
-    /// [`TRIM_MIN_CYCLES`]), if their widest gap splits them into two modes that alternate.
-    fn of(logs: &[f64]) -> Option<BurstMode> {
+    /// [`TRIM_MIN_CYCLES`], the first in cycle `since`), if their widest gap splits them
+    /// into two modes that alternate, the upper one at least [`KNEE_DOUBT`] of the target
+    /// (bursts far under it need no bar of their own).
+    fn of(logs: &[f64], since: u64) -> Option<BurstMode> {
         if logs.len() < TRIM_MIN_CYCLES {
             return None;
         }
@@ -1161,18 +1179,22 @@ impl BurstMode {
             .map(|i| (i, sorted[i] - sorted[i - 1]))
             .max_by(|a, b| a.1.total_cmp(&b.1))?;
         let quiet_under = (sorted[split] + sorted[split - 1]) / 2.0;
+        let bursts = &sorted[split..];
+        let level = bursts[bursts.len() / 2];
         let turns = logs
             .windows(2)
             .filter(|w| (w[0] >= quiet_under) != (w[1] >= quiet_under))
             .count();
-        let bursts = &sorted[split..];
         let share = bursts.len() as f64 / sorted.len() as f64;
-        (gap >= BIMODAL_GAP.ln() && turns >= BIMODAL_MIN_TURNS).then(|| BurstMode {
+        let bimodal =
+            gap >= BIMODAL_GAP.ln() && turns >= BIMODAL_MIN_TURNS && level >= KNEE_DOUBT.ln();
+        bimodal.then(|| BurstMode {
             sigma: std_dev(bursts).clamp(DEFAULT_NOISE_SIGMA, NOISE_SIGMA_RANGE.1),
             z: normal_upper_quantile((0.1 / share).min(MAX_BURST_BREAKS)),
-            quiet_under,
-            level: bursts[bursts.len() / 2],
+            lowest: bursts[0],
+            level,
             count: bursts.len(),
+            since,
         })
     }
 }
@@ -2350,6 +2372,8 @@ impl Policy for Adaptive {
         for h in self.devices.values_mut() {
             h.alone = h.alone.filter(|&(s, _)| s != id);
             h.told_infeasible.retain(|&s| s != id);
+            // Whose bursts they were is not kept: any service gone ends them.
+            h.bursts = None;
         }
     }
 
@@ -2384,9 +2408,11 @@ impl Policy for Adaptive {
         if stall.is_some() || probe_stall.is_some() {
             load.worst = None;
         }
+        let probing = self.probing(d).is_some();
         let h = self.devices.entry(d.dev).or_default();
         let spends = probe_stall.is_none() && stall.is_none_or(|s| s.beyond_full_load.is_none());
         h.note_changes(d);
+        h.drop_stale_bursts(probing);
         h.record(d, load.worst, spends);
         self.loads.entry(d.dev).or_default().record(load);
         if !binding {
@@ -2529,8 +2555,10 @@ mod tests {
     /// 386 MB/s ran 0.66 and 0.78 and went back on the one-sigma bar (the 70 % floor). Its
     /// bursts judged as bursts (half the cycles, so each may break the target one time in
     /// five) put the bar above both probe cycles; the probe passes only once it has met as
-    /// many bursts as a probe window has cycles. A level that moved once (a slow spell
-    /// ending under one cap) and a random-read scan's wide scatter are no bursts.
+    /// many bursts as a probe window has cycles, and the bursts are forgotten at a change
+    /// that is no raise from their window. A level that moved once or moved and came back
+    /// (a slow spell), bursts far under the target and a random-read scan's wide scatter
+    /// are no bursts.
     #[test]
     fn a_bimodal_readers_probe_is_judged_by_its_bursts() {
         let logs = |f: &[f64]| f.iter().map(|x| x.ln()).collect::<Vec<_>>();
@@ -2538,7 +2566,7 @@ mod tests {
             0.62, 0.07, 0.17, 0.62, 0.10, 0.79, 0.96, 0.14, 0.24, 0.66, 0.10, 0.71, 0.62, 0.06,
             0.75, 0.79, 0.09, 0.11,
         ];
-        let b = BurstMode::of(&logs(&held)).expect("bimodal");
+        let b = BurstMode::of(&logs(&held), 2).expect("bimodal");
         assert_eq!(b.count, 9);
         let mut h = DeviceHistory {
             noise_sigma: Some(std_dev(&logs(&held))),
@@ -2553,29 +2581,43 @@ mod tests {
             h.near_miss()
         );
         assert!(h.near_miss() > 0.78, "bar {:.3}", h.near_miss());
-        // The probe's window from cycle 20: two quiet cycles have not met the bursts, a
-        // third and fourth at their level have, and a full window without one has.
-        for (c, f) in [(20, 0.1), (21, 0.12)] {
+        // The probe's window from cycle 20: two quiet cycles, and one lifted over the gap
+        // but under the lowest burst, have not met the bursts; two at their level have,
+        // and a full window with fewer has.
+        for (c, f) in [(20, 0.1), (21, 0.12), (22, 0.45)] {
             h.fractions.push_back((c, f));
         }
-        assert!(!h.bursts_met(20, 21));
-        h.fractions.push_back((22, 0.66));
         assert!(!h.bursts_met(20, 22));
-        h.fractions.push_back((23, 0.78));
-        assert!(h.bursts_met(20, 23));
-        h.fractions.retain(|&(c, _)| c < 22);
+        h.fractions.push_back((23, 0.66));
+        assert!(!h.bursts_met(20, 23));
+        h.fractions.push_back((24, 0.78));
+        assert!(h.bursts_met(20, 24));
+        h.fractions.retain(|&(c, _)| c < 24);
         assert!(h.bursts_met(20, 20 + NOISE_WINDOW - 1));
-        // A slow spell that ended under one cap: two levels, one turn.
+        // The raise (cycle 18, window from 20) on probation keeps them; once it is no
+        // longer on probation, or after a cut, they are gone.
+        h.changes.push_back(18);
+        h.drop_stale_bursts(true);
+        assert!(h.bursts.is_some());
+        h.drop_stale_bursts(false);
+        assert!(h.bursts.is_none());
+        // A slow spell that ended under one cap (two levels, one turn), and one inside
+        // the window (two turns).
         let step = [3.1, 2.8, 0.05, 0.04, 0.06, 0.05, 0.05];
-        assert!(BurstMode::of(&logs(&step)).is_none());
+        assert!(BurstMode::of(&logs(&step), 0).is_none());
+        let spell = [0.05, 0.04, 0.06, 3.1, 2.8, 0.05, 0.04, 0.06];
+        assert!(BurstMode::of(&logs(&spell), 0).is_none());
+        // Bursts at a tenth of the target.
+        let low: Vec<f64> = held.iter().map(|f| f / 8.0).collect();
+        assert!(BurstMode::of(&logs(&low), 0).is_none());
         let scan = [
             0.55, 0.71, 0.41, 0.56, 0.66, 0.23, 0.97, 0.68, 0.88, 0.31, 0.26, 0.66, 0.78, 0.57,
             0.84, 0.43, 0.75, 0.91, 1.13, 0.61,
         ];
-        assert!(BurstMode::of(&logs(&scan)).is_none());
+        assert!(BurstMode::of(&logs(&scan), 0).is_none());
         // One slow cycle among quiet ones is an outlier, not a mode.
         let outlier = [0.1, 0.12, 0.9, 0.11, 0.1, 0.13];
-        assert!(BurstMode::of(&logs(&outlier)).is_none());
+        assert!(BurstMode::of(&logs(&outlier), 0).is_none());
     }
 
     /// The z of a normal's upper tail, as the bars use it.

@@ -560,16 +560,17 @@ mod tests {
     }
 
     /// A reader on the curve in most cycles and far under it in the others (the writer's
-    /// gaps) gets no worse verdict from its quiet cycles: at most one change more in 275
-    /// cycles than next to the same reader on the curve in every cycle (the two runs draw
+    /// gaps) gets no worse verdict from its quiet cycles: over three seeds, no more changes
+    /// than next to the same reader on the curve in every cycle (per seed the two runs draw
     /// different noise: with its bursts judged as bursts, seed 1 probes once more on its way
-    /// to 414 MB/s against 406), and the writer within the 90 % of what it gets
-    /// there. Before the upper-half veto, 10-12 changes against 8 and 81-89 %. Seen on the test
+    /// to 414 MB/s against 406), and in each the writer within the 90 % of what it
+    /// gets there. Before the upper-half veto, 10-12 changes against 8 and 81-89 %. Seen on the test
     /// disk (BENCHMARKS run AF, writer repeat 3): three quiet cycles in eleven widened the
     /// scatter model's sigma to 0.86, and a cap none of whose cycles broke the target was
     /// trimmed by a quarter.
     #[test]
     fn quiet_cycles_of_a_bursting_reader_cost_the_writer_nothing() {
+        let (mut changes_on, mut changes_most) = (0, 0);
         for seed in [1, 2, 3] {
             let run = |burst_share: f64| {
                 let mut d = noisy_pair(5.0);
@@ -589,11 +590,13 @@ mod tests {
                 most >= 0.9 * on,
                 "seed {seed}: quiet cycles cost the writer: {most:.0} MB/s against {on:.0}"
             );
-            assert!(
-                c_most <= c_on + 1,
-                "seed {seed}: quiet cycles cost changes: {c_most} against {c_on}"
-            );
+            changes_on += c_on;
+            changes_most += c_most;
         }
+        assert!(
+            changes_most <= changes_on,
+            "quiet cycles cost changes: {changes_most} against {changes_on} over three seeds"
+        );
     }
 
     /// The first steady cycles (16-34, the benchmark's first 19 after the writer's start at
