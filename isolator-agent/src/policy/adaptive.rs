@@ -592,7 +592,8 @@ struct DeviceHistory {
     /// measured; [`DEFAULT_NOISE_SIGMA`]).
     noise_sigma: Option<f64>,
     /// The bursts of a bimodal latency service (see [`BurstMode`]), as last measured under
-    /// one cap; kept until a full window under one cap shows none.
+    /// one cap; kept through a raise from that cap on probation, until a full window under
+    /// one cap shows none (see [`Self::drop_stale_bursts`] for what else ends them).
     bursts: Option<BurstMode>,
     /// The last cycle with nothing capped or a cap that did not bind: the aggressor's rate
     /// was not fixed, so the victim's p99.9 then moved with the load, not with the noise
@@ -945,16 +946,12 @@ impl DeviceHistory {
         (-z * sigma).exp().max(NEAR_MISS_FLOOR)
     }
 
-    /// Forgets the bursts once a cap changed after the window they were measured in, unless
-    /// a raise from that window is on probation (`probing`): a cut, a trim, a fall-back or
-    /// another service's change is another regime, and the bursts' bar is the more lenient
-    /// one. Called after [`Self::note_changes`].
-    fn drop_stale_bursts(&mut self, probing: bool) {
-        if !probing
-            && self
-                .bursts
-                .is_some_and(|b| self.changes.iter().any(|&c| c + 2 > b.since))
-        {
+    /// Forgets the bursts once the device's window under its caps (`window_from`, the
+    /// first full cycle after its last change) starts after theirs, unless a raise from
+    /// their window is on probation (`probing`): a cut, a trim, a fall-back or another
+    /// service's change is another regime, and the bursts' bar is the more lenient one.
+    fn drop_stale_bursts(&mut self, window_from: u64, probing: bool) {
+        if !probing && self.bursts.is_some_and(|b| window_from > b.since) {
             self.bursts = None;
         }
     }
@@ -1523,7 +1520,7 @@ impl Adaptive {
             if h.window_passed(from, d.cycle, fast_pass) && (!raise || h.bursts_met(from, d.cycle))
             {
                 let st = self.searches.entry((d.dev, s.id)).or_default();
-                if st.before_raise.is_some() {
+                if raise {
                     st.raise_passed_at = Some(d.cycle);
                 }
                 st.good = Some(cap);
@@ -2412,7 +2409,7 @@ impl Policy for Adaptive {
         let h = self.devices.entry(d.dev).or_default();
         let spends = probe_stall.is_none() && stall.is_none_or(|s| s.beyond_full_load.is_none());
         h.note_changes(d);
-        h.drop_stale_bursts(probing);
+        h.drop_stale_bursts(last_change, probing);
         h.record(d, load.worst, spends);
         self.loads.entry(d.dev).or_default().record(load);
         if !binding {
@@ -2596,10 +2593,11 @@ mod tests {
         assert!(h.bursts_met(20, 20 + NOISE_WINDOW - 1));
         // The raise (cycle 18, window from 20) on probation keeps them; once it is no
         // longer on probation, or after a cut, they are gone.
-        h.changes.push_back(18);
-        h.drop_stale_bursts(true);
+        h.drop_stale_bursts(2, false);
+        assert!(h.bursts.is_some(), "their own window");
+        h.drop_stale_bursts(20, true);
         assert!(h.bursts.is_some());
-        h.drop_stale_bursts(false);
+        h.drop_stale_bursts(20, false);
         assert!(h.bursts.is_none());
         // A slow spell that ended under one cap (two levels, one turn), and one inside
         // the window (two turns).
