@@ -1065,6 +1065,15 @@ impl DeviceHistory {
     }
 }
 
+/// The rate of every service on `d` but `id`. A fold from +0.0: an empty `f64` sum is -0.0,
+/// which an event would print as `-0.0`.
+fn others_bps(d: &DeviceCycle, id: ServiceId) -> f64 {
+    d.services
+        .iter()
+        .filter(|s| s.id != id)
+        .fold(0.0, |sum, s| sum + s.bps())
+}
+
 /// Whether a window's upper half alone shows, with confidence, at most one cycle in ten
 /// over the target: its 90th percentile estimated as a log-normal's from the median and
 /// the spread of the cycles above it ([`upper_half`]), plus one standard error. Cycles
@@ -2249,12 +2258,7 @@ impl Adaptive {
             p999_ns: v.judged_p999(),
             slo_p999_ns: v.slo_ns(),
             level_p999_ns: v.slo_ns().map(|t| (t as f64 * level) as u64),
-            others_bps: d
-                .services
-                .iter()
-                .filter(|s| s.id != v.id)
-                .map(|s| s.bps())
-                .sum(),
+            others_bps: others_bps(d, v.id),
             action,
         });
     }
@@ -2316,12 +2320,7 @@ impl Adaptive {
         if streak < SELF_BLAME_CYCLES {
             return vec![];
         }
-        let others_bps: f64 = d
-            .services
-            .iter()
-            .filter(|s| s.id != victim.id)
-            .map(|s| s.bps())
-            .sum();
+        let others_bps = others_bps(d, victim.id);
         let own_queue = victim.mean_inflight > 1.5;
         // Its requests would wait in that cap, unseen where the probe does not time it.
         let cut_own = own_queue && d.throttle_wait_timed;

@@ -1544,6 +1544,7 @@ mod tests {
             cycle,
             p999_ns,
             slo_p999_ns,
+            others_bps,
             ref reason,
             ref action,
             ..
@@ -1552,6 +1553,11 @@ mod tests {
             panic!("not slo_infeasible: {findings:?}");
         };
         assert_eq!(cycle, u64::from(adaptive::SELF_BLAME_CYCLES) - 1);
+        // Nobody else: +0.0, not the -0.0 an empty f64 sum gives (the event printed it).
+        assert!(
+            others_bps == 0.0 && others_bps.is_sign_positive(),
+            "{others_bps}"
+        );
         assert_eq!(slo_p999_ns, Some(300_000));
         assert!(p999_ns.unwrap() > 300_000);
         assert!(reason.contains("nobody else"), "{reason}");
