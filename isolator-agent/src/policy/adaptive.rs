@@ -207,9 +207,9 @@ const SHORT_STEP: f64 = 1.2;
 /// The ceiling and the device's knee still bound each step; any cut, trim, fall-back or
 /// lift starts the climb again at 1.25.
 const CLIMB_MAX_FACTOR: f64 = 2.0;
-/// A probe toward a knee found by a broken probe goes half-way (in log space) or to where
-/// the line through the cap's level and the broken probe's (log p99.9 against log rate)
-/// crosses this fraction of the target, whichever is lower. With half-way alone, 52 raises
+/// A probe toward a knee found by a broken probe (or a trim) goes half-way (in log space) or
+/// to where the line through the cap's level and the knee's measured p99.9 (log p99.9
+/// against log rate) crosses this fraction of the target, whichever is lower. With half-way alone, 52 raises
 /// failed against 56 probes toward a knee in the simulator's writer runs (cycles 16-34, 36
 /// runs: a plateau under a cliff puts the knee low in the bracket doubling leaves); with
 /// the line, 28 against 70, and violating cycles there fell from 2.6 to 1.6 per run,
@@ -305,8 +305,10 @@ struct Knee {
     rate_bps: u64,
     at_cycle: u64,
     memory_cycles: u64,
-    /// The worst p99.9 fraction of the cycle that broke, when a probe to this rate broke
-    /// it: where the latency curve is above the target (see [`Search::probe_toward`]).
+    /// The p99.9 fraction measured at this rate: the worst of the cycle that broke, when a
+    /// probe to it broke the SLO; the window's (or the scatter model's one-in-ten level)
+    /// when a trim left it. Where the latency curve is near or above the target (see
+    /// [`Search::probe_toward`]); None for a cut's knee.
     fraction: Option<f64>,
     /// Set by a cut from no cap: the service's full load broke the SLO at this rate. Not a
     /// slow spell of the disk under a cap that had held (see [`SHORT_STEP`]).
@@ -478,7 +480,7 @@ impl Search {
     }
 
     /// Where the latency curve through this cap's level (`level`: the mean log fraction of
-    /// its window, and its cycles) and the knee's broken probe crosses [`PROBE_AIM`] of the
+    /// its window, and its cycles) and the knee's measured p99.9 crosses [`PROBE_AIM`] of the
     /// target, in log-log: None without both points or with a curve too flat to tell.
     fn probe_toward(&self, cap: u64, level: Option<(f64, usize)>) -> Option<f64> {
         let knee = self.knee?;
@@ -1487,10 +1489,11 @@ impl Adaptive {
             return None;
         }
         // The knee is measured there, as a broken probe's is: the window's p99.9, or the
-        // scatter model's one-cycle-in-ten level. A knee a trim found is no slow spell's (a
-        // spell breaks the target outright and is cut, see `throttle`), so a raise toward it
-        // after the search waits for the change budget like one toward a probe's (see
-        // `relax`).
+        // scatter model's one-cycle-in-ten level. A knee a trim found is less likely a slow
+        // spell's than a cut's (a spell mostly breaks the target outright and is cut, see
+        // `throttle`), so after the search a raise toward it waits for the change budget and
+        // stops 1.2x under it, as under a probe's (see `relax`), and the line through its
+        // p99.9 may aim a probe under half-way (see `Search::probe_toward`).
         let measured = window.map(|(f, _, _)| f).or_else(|| {
             h.level_since(from)
                 .map(|(mean, _)| (mean + Z_TENTH * sigma).exp())
@@ -2081,18 +2084,19 @@ impl Adaptive {
         let far_under_targets = h
             .level_since(from)
             .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
-        // Far under every target but within reach of a knee a broken probe found, the
-        // latency says nothing of where the wall is (a writer's reads on the test disk at
-        // 2-5 % of their target up to 274 MB/s, broken at 388): the wait applies there too.
-        // Not under a knee a cut found (a slow spell of the disk may have set it; a trim's
-        // is measured, see `trim`). Settled,
-        // the search also stops 1.2x under such a knee, where it is not doubted: it is
-        // probed again when its memory runs out.
-        let under_probed_knee = st
+        // Far under every target but within reach of a measured knee, the wait applies
+        // there too: under a broken probe's, the latency says nothing of where the wall is
+        // (a writer's reads on the test disk at 2-5 % of their target up to 274 MB/s, broken
+        // at 388); under a trim's, the window ran near the target there (a random-read
+        // scan's reader at 0.24-0.30 under a trim's knee, then raises two cycles apart and
+        // a near miss back). Not under a knee a cut found (a slow spell of the disk may have
+        // set it). Settled, the search also stops 1.2x under a measured knee, where it is
+        // not doubted: it is probed again when its memory runs out.
+        let under_measured_knee = st
             .knee
             .is_some_and(|k| k.fraction.is_some() && k.trusted(d.cycle).is_some());
         let settled = d.cycle > h.episode_until + SEARCH_CYCLES
-            && (!far_under_targets || under_probed_knee)
+            && (!far_under_targets || under_measured_knee)
             && !knee_unknown;
         if settled && !far_from_knee && !h.change_budget_allows(d.cycle) {
             return out;
@@ -2155,9 +2159,9 @@ impl Adaptive {
         // Past the search, a raise short of [`SHORT_STEP`] toward a rate no probe measured
         // (a doubling search's line near the target or its creep, half-way to the rate whose
         // full load broke the SLO) buys a few per cent for a change, two if it breaks:
-        // within the change budget only. Under a knee a broken probe found, the settled
-        // rules above apply; under one a cut of a held cap set (maybe a slow spell of the
-        // disk), the search climbs back.
+        // within the change budget only. Under a knee a broken probe or a trim found, the
+        // settled rules above apply; under one a cut of a held cap set (maybe a slow spell of
+        // the disk), the search climbs back.
         let full_load_knee = bad.is_some() && st.knee.is_some_and(|k| k.full_load);
         let unmeasured = doubling.is_some() || full_load_knee;
         if unmeasured
@@ -2189,7 +2193,7 @@ impl Adaptive {
                     total as f64 / 1e6
                 ),
                 (None, Some(bad)) if on_line => format!(
-                    "every SLO held under this cap: probe toward the knee at {:.0} MB/s, where the line from this cap's p99.9 to the probe that broke there reaches {:.0} % of the target",
+                    "every SLO held under this cap: probe toward the knee at {:.0} MB/s, where the line from this cap's p99.9 to the one measured there reaches {:.0} % of the target",
                     bad as f64 / 1e6,
                     PROBE_AIM * 100.0
                 ),
@@ -3125,15 +3129,18 @@ mod tests {
             knee.fraction.is_some_and(|f| f > 0.85),
             "the trim's knee unmeasured: {knee:?}"
         );
-        let episode_end = p.devices[&1].episode_until + SEARCH_CYCLES;
         // The reads far under their target from here on, at any cap under the knee.
         disk.knee_scale = 20.0;
-        let h = disk.run(&mut p, 40);
         let mut judged = 0;
-        for (c, d) in &h {
+        for _ in 0..40 {
+            let h = disk.run(&mut p, 1);
+            let (c, d) = &h[0];
             let Some(to) = d.first().and_then(|d| d.to) else {
                 continue;
             };
+            // The state the raise was decided in (a raise sets no knee and starts no
+            // episode).
+            let episode_end = p.devices[&1].episode_until + SEARCH_CYCLES;
             let cap = c.services[1].limit.total_bps().unwrap_or(u64::MAX);
             let trusted = p.searches[&(1, 1)]
                 .knee
