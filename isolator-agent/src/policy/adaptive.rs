@@ -209,11 +209,11 @@ const SHORT_STEP: f64 = 1.2;
 const CLIMB_MAX_FACTOR: f64 = 2.0;
 /// A probe toward a knee found by a broken probe (or a trim) goes half-way (in log space) or
 /// to where the line through the cap's level and the knee's measured p99.9 (log p99.9
-/// against log rate) crosses this fraction of the target, whichever is lower. With half-way alone, 52 raises
-/// failed against 56 probes toward a knee in the simulator's writer runs (cycles 16-34, 36
-/// runs: a plateau under a cliff puts the knee low in the bracket doubling leaves); with
-/// the line, 28 against 70, and violating cycles there fell from 2.6 to 1.6 per run,
-/// changes from 4.6 to 4.4. Under the trim's aim (0.8): a cap found at
+/// against log rate) crosses this fraction of the target, whichever is lower. With half-way
+/// alone, 52 raises failed against 56 probes toward a knee in the simulator's writer runs
+/// (cycles 16-34, 36 runs: a plateau under a cliff puts the knee low in the bracket
+/// doubling leaves); with the line, 28 against 70, and violating cycles there fell from 2.6
+/// to 1.6 per run, changes from 4.6 to 4.4. Under the trim's aim (0.8): a cap found at
 /// 0.8 sat where one cycle in ten reached the target, and the re-probe from it once its
 /// knee expired cost three violating cycles in 28 (the simulator's on/off writer).
 const PROBE_AIM: f64 = 0.75;
@@ -961,10 +961,11 @@ impl DeviceHistory {
     /// Whether a raise whose window started at `from` has met the bursts of a bimodal
     /// service by `now`: as many cycles at their level (at least the held cap's lowest
     /// burst: a raise that lifts the quiet cycles over the gap has not shown its bursts) as
-    /// a probe window has cycles, or a full window with fewer (the bursts have stopped). Its quiet cycles say nothing of what the
-    /// raise does to the bursts, and a verdict on fewer bursts than a steady reader's
-    /// cycles is a weaker one (the simulator's bimodal reader, bursts in a third of its
-    /// cycles, passed on one burst: 6-9 violating cycles in 275 became 12-16).
+    /// a probe window has cycles, or a full window with fewer (the bursts have stopped). Its
+    /// quiet cycles say nothing of what the raise does to the bursts, and a verdict on fewer
+    /// bursts than a steady reader's cycles is a weaker one (the simulator's bimodal reader,
+    /// bursts in a third of its cycles, passed on one burst: 6-9 violating cycles in 275
+    /// became 12-16).
     fn bursts_met(&self, from: u64, now: u64) -> bool {
         let Some(b) = self.bursts else {
             return true;
@@ -3043,6 +3044,24 @@ mod tests {
         assert_eq!(p.searches[&(1, 1)].bad(disk.cycle), Some(raised));
     }
 
+    /// The writer's cap and its trusted knee when `to`, decided in cycle `c`, is a raise past
+    /// the episode's search (ending at `episode_end`) under a knee within
+    /// [`FAR_FROM_KNEE`] of the cap: one the change budget must hold back.
+    fn raise_near_knee(
+        p: &Adaptive,
+        c: &DeviceCycle,
+        to: u64,
+        episode_end: u64,
+    ) -> Option<(u64, u64)> {
+        let cap = c.services[1].limit.total_bps().unwrap_or(u64::MAX);
+        let knee = p.searches[&(1, 1)]
+            .knee
+            .and_then(|k| k.trusted(c.cycle))
+            .unwrap_or(u64::MAX);
+        (to > cap && c.cycle > episode_end && (knee as f64) < cap as f64 * FAR_FROM_KNEE)
+            .then_some((cap, knee))
+    }
+
     /// After the search, a cap far under every target but within 1.5x of a knee a broken
     /// probe found waits out the noise window before its next raise, like one near its
     /// target: under a cliff the latency says nothing of where the wall is (a writer's reads
@@ -3071,13 +3090,8 @@ mod tests {
             let Some(to) = d.first().and_then(|d| d.to) else {
                 continue;
             };
-            let cap = c.services[1].limit.total_bps().unwrap_or(u64::MAX);
             // Trusted then (its memory runs out within the run: then it climbs).
-            let knee = p.searches[&(1, 1)]
-                .knee
-                .and_then(|k| k.trusted(c.cycle))
-                .unwrap_or(u64::MAX);
-            if to > cap && c.cycle > episode_end && (knee as f64) < cap as f64 * FAR_FROM_KNEE {
+            if let Some((cap, knee)) = raise_near_knee(&p, c, to, episode_end) {
                 assert!(
                     c.cycle >= last_change + NOISE_WINDOW,
                     "raise {cap} -> {to} at cycle {}, {} cycles after the last change (knee {knee})",
@@ -3141,12 +3155,7 @@ mod tests {
             // The state the raise was decided in (a raise sets no knee and starts no
             // episode).
             let episode_end = p.devices[&1].episode_until + SEARCH_CYCLES;
-            let cap = c.services[1].limit.total_bps().unwrap_or(u64::MAX);
-            let trusted = p.searches[&(1, 1)]
-                .knee
-                .and_then(|k| k.trusted(c.cycle))
-                .unwrap_or(u64::MAX);
-            if to > cap && c.cycle > episode_end && (trusted as f64) < cap as f64 * FAR_FROM_KNEE {
+            if let Some((cap, trusted)) = raise_near_knee(&p, c, to, episode_end) {
                 let last = changes.last().copied().unwrap_or(0);
                 let in_two_windows = changes
                     .iter()
