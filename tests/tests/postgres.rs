@@ -14,7 +14,9 @@
 //! The agent's target for the `db` service is for its block I/O: a share of the transaction
 //! SLO (a transaction waits on more than one read, and queues behind slow ones), measured
 //! in the run without control as the reads' median cycle over pgbench's p99.9, at most 0.8
-//! (`postgres::IoTarget`).
+//! (`postgres::IoTargetBasis::Uncapped`). That share is measured far from the SLO and comes
+//! out low, which a pass/fail on the SLO can afford; the benchmark, which also judges the
+//! writer's share, measures it under its static caps instead (`IoTargetBasis::UnderCap`).
 //! The verdict is pgbench's own: the p99.9 of the transactions it scheduled in each of ten
 //! 2.5 s windows of the steady phase, which starts where every scenario's does (the 11th
 //! cycle after the writer starts; `postgres::PHASES`) and ends with the writer. The SLO is
@@ -135,12 +137,7 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
     let target = cal
         .measure_io_target(&without)
         .unwrap_or_else(|e| panic!("{e}"));
-    println!(
-        "the agent's target for db's block I/O: p99.9 {} ms ({:.2} of the SLO: next to the \
-         uncapped writer the reads' median cycle gave {:.2} ms and pgbench's steady p99.9 \
-         {:.2} ms)",
-        target.io_slo_ms, target.share, target.reads_p999_ms, target.pgbench_p999_ms
-    );
+    println!("the agent's target for db's block I/O: {target}");
     std::fs::write(
         &config,
         noisy::config(&cluster.blkio, &backup, target.io_slo_ms),
