@@ -822,8 +822,13 @@ pub mod noisy {
     }
 
     pub fn config(db: &TestCgroup, backup: &TestCgroup, slo_ms: u64) -> String {
+        config_us(db, backup, slo_ms * 1000)
+    }
+
+    /// [`config`] with the target in µs.
+    pub fn config_us(db: &TestCgroup, backup: &TestCgroup, slo_us: u64) -> String {
         format!(
-            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_ms}ms\"\n\n\
+            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_us}us\"\n\n\
              [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
             db.rel_path(),
             backup.rel_path()

@@ -126,6 +126,8 @@ pub struct MixOutcome {
     pub backup_steady_mbps: f64,
     /// Decisions on either writer in the steady cycles.
     pub steady_changes: usize,
+    /// The most of those in any ten consecutive steady cycles.
+    pub most_changes_in_ten: usize,
     pub events: Vec<Value>,
 }
 
@@ -328,6 +330,7 @@ fn outcome(mode: Mode, mix: &Mix, events: &[Value]) -> MixOutcome {
         ingest_steady_mbps: mean(&ingest),
         backup_steady_mbps: mean(&backup),
         steady_changes: steady.iter().filter(|c| changes.contains(c)).count(),
+        most_changes_in_ten: crate::scenario::most_in_any_ten(&steady, &changes),
         events: events.to_vec(),
         mode,
     }

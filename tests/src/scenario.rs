@@ -244,6 +244,8 @@ pub struct Outcome {
     pub steady_violations: usize,
     /// Decisions on the aggressor in the steady cycles.
     pub steady_changes: usize,
+    /// The most of those in any ten consecutive steady cycles ([`most_in_any_ten`]).
+    pub most_changes_in_ten: usize,
     /// p99.9 of the reader's I/Os from its own log (fio's; the load generator's in a VM): alone,
     /// and in the steady phases.
     pub solo_p999_ms: f64,
@@ -568,6 +570,7 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
             .iter()
             .filter(|c| decision_cycles.contains(c))
             .count(),
+        most_changes_in_ten: most_in_any_ten(&steady, &decision_cycles),
         solo_p999_ms: f64::NAN,
         steady_client_p999_ms: f64::NAN,
         steady_client_windows: 0,
@@ -578,6 +581,16 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
         events: events.to_vec(),
         mode,
     }
+}
+
+/// The most of `marked` in any ten consecutive cycles of `cycles` (ascending): "at most
+/// once per ten cycles" read as a rate limit, next to the ratio over a whole phase.
+pub fn most_in_any_ten(cycles: &[u64], marked: &[u64]) -> usize {
+    cycles
+        .windows(10.min(cycles.len()).max(1))
+        .map(|w| w.iter().filter(|c| marked.contains(c)).count())
+        .max()
+        .unwrap_or(0)
 }
 
 // The control tests' verdict (issue 17): `adaptive` keeps the SLO and leaves no third of
@@ -748,4 +761,22 @@ pub fn require_tools() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_in_any_ten_reads_the_change_budget_as_a_rate_limit() {
+        let steady: Vec<u64> = (16..35).collect();
+        // Two changes ten cycles apart: never two in one window of ten.
+        assert_eq!(most_in_any_ten(&steady, &[16, 26]), 1);
+        // Nine apart: both in the window from 17.
+        assert_eq!(most_in_any_ten(&steady, &[17, 26]), 2);
+        // A change outside the steady cycles does not count.
+        assert_eq!(most_in_any_ten(&steady, &[12, 20, 40]), 1);
+        assert_eq!(most_in_any_ten(&steady[..3], &[16, 17]), 2);
+        assert_eq!(most_in_any_ten(&[], &[1]), 0);
+    }
 }

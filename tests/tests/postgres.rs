@@ -140,7 +140,7 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
     println!("the agent's target for db's block I/O: {target}");
     std::fs::write(
         &config,
-        noisy::config(&cluster.blkio, &backup, target.io_slo_ms),
+        noisy::config_us(&cluster.blkio, &backup, target.io_slo_us),
     )
     .unwrap();
     let (without_us, without_n) = without.run.writer_p999_us(PHASES.settle_ms);
