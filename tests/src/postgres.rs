@@ -932,17 +932,23 @@ impl ModeRun {
 
     /// How many windows of the steady phase were over `slo_ms`.
     pub fn windows_over(&self, phases: Phases, slo_ms: u64) -> usize {
-        self.windows_ms(phases)
-            .iter()
-            .filter(|&&ms| ms > slo_ms as f64)
-            .count()
+        windows_over(&self.windows_ms(phases), slo_ms)
     }
 
-    /// pgbench kept `slo_ms` in the steady phase: at most one window in five over it.
+    /// See [`windows_keep_slo`].
     pub fn keeps_slo(&self, phases: Phases, slo_ms: u64) -> bool {
-        let windows = self.windows_ms(phases).len();
-        windows > 0 && 5 * self.windows_over(phases, slo_ms) <= windows
+        windows_keep_slo(&self.windows_ms(phases), slo_ms)
     }
+}
+
+/// How many of pgbench's windows (p99.9 in ms) were over `slo_ms`.
+pub fn windows_over(windows_ms: &[f64], slo_ms: u64) -> usize {
+    windows_ms.iter().filter(|&&ms| ms > slo_ms as f64).count()
+}
+
+/// pgbench kept `slo_ms` over `windows_ms`: at most one window in five over it.
+pub fn windows_keep_slo(windows_ms: &[f64], slo_ms: u64) -> bool {
+    !windows_ms.is_empty() && 5 * windows_over(windows_ms, slo_ms) <= windows_ms.len()
 }
 
 /// Runs the scenario once in `mode` (a static cap on `backup` written by hand for the

@@ -515,19 +515,15 @@ struct PgOutcome {
 
 impl PgOutcome {
     fn windows_over(&self) -> usize {
-        self.windows_ms
-            .iter()
-            .filter(|&&w| w > self.slo_ms as f64)
-            .count()
+        postgres::windows_over(&self.windows_ms, self.slo_ms)
     }
     /// The test's bar: at most one window in five over the SLO.
     fn keeps_slo(&self) -> bool {
-        !self.windows_ms.is_empty() && 5 * self.windows_over() <= self.windows_ms.len()
+        postgres::windows_keep_slo(&self.windows_ms, self.slo_ms)
     }
     /// The agent's own bar: at most one steady cycle in ten over its I/O target.
     fn keeps_io_target(&self) -> bool {
-        self.agent.steady_cycles > 0
-            && self.agent.steady_violations * 10 <= self.agent.steady_cycles
+        one_in_ten(self.agent.steady_violations, self.agent.steady_cycles)
     }
 }
 
@@ -627,6 +623,11 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
     );
 }
 
+/// At most one of `cycles` in ten counted (and some cycles): the budgets.
+fn one_in_ten(count: usize, cycles: usize) -> bool {
+    cycles > 0 && count * 10 <= cycles
+}
+
 /// One repeat's steady phase as the budgets count it.
 struct Budget {
     violating: usize,
@@ -658,7 +659,7 @@ fn budgets(repeats: &[Budget]) -> String {
             .collect();
         let kept = repeats
             .iter()
-            .filter(|r| r.cycles > 0 && count(r) * 10 <= r.cycles)
+            .filter(|r| one_in_ten(count(r), r.cycles))
             .count();
         format!("{} (one in ten kept in {kept} of {n})", each.join(", "))
     };
@@ -864,12 +865,12 @@ fn report(
                 })
             );
         }
-        for (_, label) in results.keys().filter(|(i, l)| *i == si && is_policy(l)) {
+        for ((_, label), outs) in results
+            .iter()
+            .filter(|((i, l), _)| *i == si && is_policy(l))
+        {
+            let repeats: Vec<Budget> = outs.iter().map(budget_of).collect();
             println!();
-            let repeats: Vec<Budget> = results[&(si, label.clone())]
-                .iter()
-                .map(budget_of)
-                .collect();
             println!("{label}: {}", budgets(&repeats));
         }
         if sc.times > 1 {

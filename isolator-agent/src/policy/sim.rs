@@ -565,9 +565,9 @@ mod tests {
     /// different noise: with its bursts judged as bursts, seed 1 probes once more on its way
     /// to 414 MB/s against 406), and in each the writer within the 90 % of what it
     /// gets there. Before the upper-half veto, 10-12 changes against 8 and 81-89 %. Seen on
-    /// the test disk (BENCHMARKS run AF, writer repeat 3): three quiet cycles in eleven widened the
-    /// scatter model's sigma to 0.86, and a cap none of whose cycles broke the target was
-    /// trimmed by a quarter.
+    /// the test disk (BENCHMARKS run AF, writer repeat 3): three quiet cycles in eleven
+    /// widened the scatter model's sigma to 0.86, and a cap none of whose cycles broke the
+    /// target was trimmed by a quarter.
     #[test]
     fn quiet_cycles_of_a_bursting_reader_cost_the_writer_nothing() {
         let (mut changes_on, mut changes_most) = (0, 0);
