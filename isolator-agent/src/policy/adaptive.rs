@@ -186,8 +186,8 @@ const Z_CONFIDENCE: f64 = 1.0;
 /// (see [`CLIMB_MAX_FACTOR`]).
 const KNEE_DOUBT: f64 = 0.35;
 const CREEP_FAR_FACTOR: f64 = 1.25;
-/// Past the search's first [`SEARCH_CYCLES`], a raise under this factor far from its knee
-/// or in a doubling search, waits for the change budget (see
+/// A raise under this factor toward a rate no probe measured, past the search's first
+/// [`SEARCH_CYCLES`], waits for the change budget (see
 /// [`DeviceHistory::change_budget_allows`]): the search has come that close to the target
 /// or the knee. Seen in CI's random-read scan: a doubling search's line steps shrinking
 /// toward the target (179 -> 205 -> 219 MB/s, 14 % and 7 %) ran on into the steady phase,
@@ -223,15 +223,6 @@ const PROBE_AIM: f64 = 0.75;
 /// best static 430); at the target it changes nothing there and still stops short of a
 /// wall.
 const DOUBLING_AIM: f64 = 1.0;
-/// A doubling search whose line (measured, see [`MIN_PROBE_SLOPE`]) puts even [`PROBE_AIM`]
-/// this many times the cap away or further steps by this factor, not 2: the cap is far under
-/// its knee, and the search has [`SEARCH_CYCLES`] before the steady phase, where a raise
-/// waits for the change budget. Seen in the simulator: an arrival cut from a cycle the writer
-/// ran a twentieth of (4 MB/s of a writer whose knee is ~430) doubled every two cycles into
-/// the steady phase. A line flatter than [`FAR_STEP_SLOPE`] (a plateau under a cliff, or
-/// noise on the latency floor) still doubles.
-const FAR_STEP: f64 = 4.0;
-const FAR_STEP_SLOPE: f64 = 0.5;
 /// A probe that line puts under this gain is not made: the cap is at the aim already.
 const MIN_PROBE_GAIN: f64 = 1.05;
 /// Flatter than this slope between the two, the line says nothing (the broken probe met a
@@ -320,7 +311,7 @@ struct Knee {
     /// [`Search::probe_toward`]); None for a cut's knee.
     fraction: Option<f64>,
     /// Set by a cut from no cap: the service's full load broke the SLO at this rate. Not a
-    /// slow spell of the disk under a cap that had held (see [`Adaptive::relax`]).
+    /// slow spell of the disk under a cap that had held (see [`SHORT_STEP`]).
     full_load: bool,
 }
 
@@ -522,17 +513,12 @@ impl Search {
         let line = below.zip(measured).and_then(|(r, (m1, _))| {
             let span = (cap as f64 / r.cap as f64).ln();
             let slope = (m1 - r.level) / span;
-            (slope >= MIN_PROBE_SLOPE).then_some((m1, slope))
+            (slope >= MIN_PROBE_SLOPE)
+                .then(|| cap as f64 * ((DOUBLING_AIM.ln() - m1) / slope).exp())
         });
-        let line_at =
-            |(m1, slope): (f64, f64), aim: f64| cap as f64 * ((aim.ln() - m1) / slope).exp();
-        let far = line.is_some_and(|l| {
-            l.1 >= FAR_STEP_SLOPE && line_at(l, PROBE_AIM) >= cap as f64 * FAR_STEP
-        });
-        match line.map(|l| line_at(l, DOUBLING_AIM)) {
+        match line {
             Some(to) if to < cap as f64 * MIN_PROBE_GAIN => None,
             Some(to) if (to as u64) < doubled => Some(DoublingStep::Line(to as u64)),
-            Some(_) if far => Some(DoublingStep::Double((cap as f64 * FAR_STEP) as u64)),
             Some(_) => Some(DoublingStep::Double(doubled)),
             // No further than the line's last step: lines whose steps shrink toward the
             // target said it is near (seen in CI's random-read scan: line steps 179 -> 205
@@ -619,10 +605,6 @@ struct DeviceHistory {
     /// cycle it takes effect): violations up to it are the aggressor arriving, violations
     /// after it spend the one-in-ten budget.
     episode_until: u64,
-    /// The cycle of the current episode's first cut: its search for the knee has the
-    /// [`SEARCH_CYCLES`] from there. A second cut because the first did not hold refines the
-    /// same arrival and does not restart them.
-    search_from: u64,
     /// With two or more services capped: the sum of their caps when a probe of one broke an
     /// SLO. Each one's own knee was found at the others' rates then, and the victim suffers
     /// from their bytes together: in paper 001's mix, with ingest's probe to 141 MB/s (next
@@ -1752,9 +1734,7 @@ impl Adaptive {
             }
             // Back in a cycle it ran only part of, its rate understates it: the good cap.
             if let Some(g) = st.good.filter(|&g| arriving || (g as f64) < current * 0.9) {
-                let h = self.devices.entry(d.dev).or_default();
-                h.episode_until = d.cycle + 1;
-                h.search_from = d.cycle;
+                self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
                 let why = format!(
                     "aggressor of {} is back: the cap that held last time",
                     victim.name
@@ -1857,12 +1837,7 @@ impl Adaptive {
             },
         );
         let arriving = self.arriving(d, a);
-        let refines = self.first_cut_failed(d, a);
-        let h = self.devices.entry(d.dev).or_default();
-        h.episode_until = d.cycle + 1;
-        if !refines {
-            h.search_from = d.cycle;
-        }
+        self.devices.entry(d.dev).or_default().episode_until = d.cycle + 1;
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.before_raise = None;
         if arriving {
@@ -2098,18 +2073,15 @@ impl Adaptive {
         }
         // Near the knee, a raise buys a few per cent of bandwidth and costs a change, two if
         // it fails, and a violation when it fails on one. The search has the first
-        // [`SEARCH_CYCLES`] from an arrival's first cut for those (a second cut because the
-        // first did not hold is the same search). After them, a raise waits until the
+        // [`SEARCH_CYCLES`] of an episode for those. After them, a raise waits until the
         // device's caps have been left alone for [`NOISE_WINDOW`] cycles, and changed at
         // most once in the last two windows (room for its fall-back; see
         // [`DeviceHistory::change_budget_allows`]), and stops [`SETTLED_KNEE_PRECISION`]
         // under a knee it trusts, not [`KNEE_PRECISION`]. Seen on the test disk (run N): a
         // probe 164 -> 173 MB/s next to a random-read scan's knee at 184, after the search,
-        // cost a violation and two changes for 6 % more; in run AK, a writer's search went
-        // on half-way toward the rate its first cut broke at (717 MB/s) every two cycles to
-        // the seventh steady cycle, the last probe a near miss: two changes in a steady
-        // phase of 19. Only where the bandwidth is does a raise go at once (see
-        // `recovering` below).
+        // cost a violation and two changes for 6 % more. A cap far under its knee, or far
+        // under every target, is still raised at once: that is where the bandwidth is (and
+        // where a disk that got faster shows).
         let far_under_targets = h
             .level_since(from)
             .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
@@ -2118,14 +2090,18 @@ impl Adaptive {
         // (a writer's reads on the test disk at 2-5 % of their target up to 274 MB/s, broken
         // at 388); under a trim's, the window ran near the target there (a random-read
         // scan's reader at 0.24-0.30 under a trim's knee, then raises two cycles apart and
-        // a near miss back). Not under a knee a cut of a held cap found (a slow spell of the
-        // disk may have set it). Settled, the search also stops 1.2x under a measured knee,
-        // where it is not doubted: it is probed again when its memory runs out.
+        // a near miss back). Not under a knee a cut found (a slow spell of the disk may have
+        // set it). Settled, the search also stops 1.2x under a measured knee, where it is
+        // not doubted: it is probed again when its memory runs out.
         let under_measured_knee = st
             .knee
             .is_some_and(|k| k.fraction.is_some() && k.trusted(d.cycle).is_some());
-        let past_search = d.cycle >= h.search_from + SEARCH_CYCLES;
-        let settled = past_search && (!far_under_targets || under_measured_knee) && !knee_unknown;
+        let settled = d.cycle > h.episode_until + SEARCH_CYCLES
+            && (!far_under_targets || under_measured_knee)
+            && !knee_unknown;
+        if settled && !far_from_knee && !h.change_budget_allows(d.cycle) {
+            return out;
+        }
         let precision = if settled {
             SETTLED_KNEE_PRECISION
         } else {
@@ -2181,17 +2157,19 @@ impl Adaptive {
         if next <= cap {
             return out; // at the ceiling, or no room under the device's knee
         }
-        // Past the search, a raise goes without the budget only where the bandwidth is: a
-        // step of [`SHORT_STEP`] or more far from its knee or in a doubling search that has
-        // found none (a short one, near the target or toward a rate no probe measured, buys
-        // a few per cent for a change, two if it breaks), or a climb far under every
-        // target under no knee a probe, a trim or the full load measured (back from a slow
-        // spell of the disk, or a disk that got faster).
-        let arrival_knee = bad.is_some() && st.knee.is_some_and(|k| k.full_load);
-        let recovering = ((far_from_knee || knee_unknown)
-            && next as f64 >= cap as f64 * SHORT_STEP)
-            || (far_under_targets && !under_measured_knee && !arrival_knee);
-        if past_search && !recovering && !h.change_budget_allows(d.cycle) {
+        // Past the search, a raise short of [`SHORT_STEP`] toward a rate no probe measured
+        // (a doubling search's line near the target or its creep, half-way to the rate whose
+        // full load broke the SLO) buys a few per cent for a change, two if it breaks:
+        // within the change budget only. Under a knee a broken probe or a trim found, the
+        // settled rules above apply; under one a cut of a held cap set (maybe a slow spell of
+        // the disk), the search climbs back.
+        let full_load_knee = bad.is_some() && st.knee.is_some_and(|k| k.full_load);
+        let unmeasured = doubling.is_some() || full_load_knee;
+        if unmeasured
+            && d.cycle > h.episode_until + SEARCH_CYCLES
+            && (next as f64) < cap as f64 * SHORT_STEP
+            && !h.change_budget_allows(d.cycle)
+        {
             return out;
         }
         st.start_probe(cap);

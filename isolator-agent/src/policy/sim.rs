@@ -512,11 +512,6 @@ mod tests {
     /// after 20 cycles of search, at most one violating cycle and one change in ten, and at
     /// least 90 % of the best static cap's rate.
     fn assert_finds_the_knee(make: &dyn Fn() -> SimDisk, label: &str) {
-        assert_finds_the_knee_after(make, label, 25);
-    }
-
-    /// [`assert_finds_the_knee`], its steady phase from cycle `steady_from` on.
-    fn assert_finds_the_knee_after(make: &dyn Fn() -> SimDisk, label: &str, steady_from: u64) {
         let mut disk = make();
         let h = disk.run(&mut Adaptive::default(), 300);
         trace(label, &h);
@@ -530,17 +525,16 @@ mod tests {
             !v.contains(&7) && !v.contains(&8),
             "{label}: not under the SLO within 3 cycles: {v:?}"
         );
-        let (violations, changes, mean) = steady(&h, 1, steady_from, 300);
-        let cycles = 300 - steady_from as usize;
+        let (violations, changes, mean) = steady(&h, 1, 25, 300);
         let best = best_static_cap_mbps(make, 1, 7, 300);
-        println!("{label}: steady violations {violations}/{cycles}, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s");
+        println!("{label}: steady violations {violations}/275, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s");
         assert!(
-            violations * 10 <= cycles,
-            "{label}: {violations} violating cycles in {cycles}: {v:?}"
+            violations * 10 <= 275,
+            "{label}: {violations} violating cycles in 275: {v:?}"
         );
         assert!(
-            changes * 10 <= cycles,
-            "{label}: {changes} changes in {cycles} steady cycles"
+            changes * 10 <= 275,
+            "{label}: {changes} changes in 275 steady cycles"
         );
         assert!(
             mean >= 0.9 * best,
@@ -607,49 +601,48 @@ mod tests {
 
     /// The first steady cycles (16-34, the benchmark's first 19 after the writer's start at
     /// cycle 5) of 36 writer runs (12 noise seeds, arriving in a full cycle, a third of one
-    /// and a twentieth). Past the search's cycles a raise waits for the change budget
-    /// unless it is a big step far from its knee, the doubling of a search that has found
-    /// none, or a climb far under every target and no arrival's knee. With the search free
-    /// to go on into the steady phase (before), 3.6 changes and 1.3 violating cycles per
-    /// run, and 29 of 36 runs with two changes in some ten cycles; with the wait, 2.1 and
-    /// 0.9, and arriving in a full cycle 11 runs of 12 keep to one change in the 19. The
-    /// cost: the writer at 79 % of the best static cap there, not 83 % (a search cut from a
-    /// twentieth of a cycle's rate doubles into the steady phase; judged from cycle 50 it
-    /// is at 90 %, see [`adaptive_takes_no_knee_from_a_cycle_the_aggressor_arrived_in`]).
+    /// and a twentieth): the probes toward a knee found by a broken probe go where the line
+    /// through the two p99.9s reaches the aim, so most of them hold. With half-way alone, 52
+    /// raises failed there against 56 probes toward a knee, with 2.6 violating cycles and
+    /// 4.6 changes per run; with the line, 28 against 70, 1.6 and 4.4.
     #[test]
-    fn past_the_search_a_raise_near_its_knee_waits_for_the_change_budget() {
-        let (mut runs, mut violating, mut changes, mut mbps) = (0, 0, 0, 0.0);
-        let mut paced_full_cycle = 0;
+    fn probes_toward_a_knee_mostly_hold_in_the_first_steady_cycles() {
+        let (mut probes, mut failed, mut runs) = (0, 0, 0);
+        let (mut violating, mut changes, mut mbps) = (0, 0, 0.0);
         for share in [1.0, 0.3, 0.05] {
             for seed in 1..=12 {
                 let mut d = noisy_pair(5.0);
                 d.noise_seed = Some(seed);
                 d.services[1].arrival_share = share;
                 let h = d.run(&mut Adaptive::default(), 60);
+                let first: Vec<_> = h
+                    .iter()
+                    .filter(|(c, _)| (16..35).contains(&c.cycle))
+                    .collect();
+                for d in first.iter().flat_map(|(_, d)| d) {
+                    probes += usize::from(
+                        d.reason.contains("probe toward") || d.reason.contains("probe half-way"),
+                    );
+                    failed += usize::from(d.reason.starts_with("a raise to"));
+                }
                 let (v, c, m) = steady(&h, 1, 16, 35);
                 (violating, changes, mbps) = (violating + v, changes + c, mbps + m);
-                paced_full_cycle += usize::from(share == 1.0 && c <= 1);
                 runs += 1;
             }
         }
         let per_run = |n: usize| n as f64 / runs as f64;
         println!(
-            "per run {:.2} violating cycles, {:.2} changes, the writer at {:.0} MB/s; {paced_full_cycle} of 12 full-cycle arrivals with at most one change",
+            "{probes} probes toward a knee, {failed} raises failed; per run {:.2} violating cycles, {:.2} changes, the writer at {:.0} MB/s",
             per_run(violating),
             per_run(changes),
             mbps / runs as f64
         );
         assert!(
-            per_run(changes) <= 2.5,
-            "{:.2} changes per run in 19 steady cycles",
-            per_run(changes)
+            2 * failed <= probes,
+            "{failed} raises failed against {probes} probes toward a knee"
         );
         assert!(
-            paced_full_cycle >= 10,
-            "{paced_full_cycle} of 12 full-cycle arrivals kept to one change in 19 steady cycles"
-        );
-        assert!(
-            per_run(violating) <= 1.2,
+            per_run(violating) <= 2.0,
             "{:.2} violating cycles per run",
             per_run(violating)
         );
@@ -658,10 +651,7 @@ mod tests {
     /// A writer that arrives late in a cycle breaks the SLO in a cycle whose counters show a
     /// twentieth of its rate: that rate is no knee, and the search must not stop under it
     /// (seen with PostgreSQL: a writer averaging 124 MB/s in the cycle it arrived in,
-    /// 3 GB/s after, and the search held under 124 MB/s where a static 300 held). Cut to
-    /// 4 MB/s from there, its search doubles past the search's cycles and finds its knee
-    /// in the steady phase, where the next probe waits for the change budget: judged from
-    /// cycle 50, not 25.
+    /// 3 GB/s after, and the search held under 124 MB/s where a static 300 held).
     #[test]
     fn adaptive_takes_no_knee_from_a_cycle_the_aggressor_arrived_in() {
         for seed in [None, Some(1), Some(2)] {
@@ -671,11 +661,7 @@ mod tests {
                 d.services[1].arrival_share = 0.05;
                 d
             };
-            assert_finds_the_knee_after(
-                &make,
-                &format!("writer arriving late, noise {seed:?}"),
-                50,
-            );
+            assert_finds_the_knee(&make, &format!("writer arriving late, noise {seed:?}"));
         }
     }
 
