@@ -584,7 +584,7 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
             .iter()
             .map(|o| format!("{}/{}", o.windows_over(), o.windows_ms.len()))
             .collect();
-        let repeats: Vec<Budget> = outs.iter().map(|o| budget_of(&o.agent)).collect();
+        let repeats: Vec<Budget> = outs.iter().map(|o| Budget::from(&o.agent)).collect();
         println!();
         println!(
             "{label}: pgbench's windows over its SLO {} (the test's bar: one in five); by the \
@@ -637,12 +637,25 @@ struct Budget {
     cycles: usize,
 }
 
-fn budget_of(o: &Outcome) -> Budget {
-    Budget {
-        violating: o.steady_violations,
-        changes: o.steady_changes,
-        most_changes_in_ten: o.most_changes_in_ten,
-        cycles: o.steady_cycles,
+impl From<&Outcome> for Budget {
+    fn from(o: &Outcome) -> Budget {
+        Budget {
+            violating: o.steady_violations,
+            changes: o.steady_changes,
+            most_changes_in_ten: o.most_changes_in_ten,
+            cycles: o.steady_cycles,
+        }
+    }
+}
+
+impl From<&MixOutcome> for Budget {
+    fn from(o: &MixOutcome) -> Budget {
+        Budget {
+            violating: o.steady_violations,
+            changes: o.steady_changes,
+            most_changes_in_ten: o.most_changes_in_ten,
+            cycles: o.steady_cycles,
+        }
     }
 }
 
@@ -783,15 +796,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
         );
     }
     for (label, outs) in results.iter().filter(|(l, _)| is_policy(l)) {
-        let repeats: Vec<Budget> = outs
-            .iter()
-            .map(|o| Budget {
-                violating: o.steady_violations,
-                changes: o.steady_changes,
-                most_changes_in_ten: o.most_changes_in_ten,
-                cycles: o.steady_cycles,
-            })
-            .collect();
+        let repeats: Vec<Budget> = outs.iter().map(Budget::from).collect();
         println!();
         println!("{label}: {}", budgets(&repeats));
     }
@@ -869,7 +874,7 @@ fn report(
             .iter()
             .filter(|((i, l), _)| *i == si && is_policy(l))
         {
-            let repeats: Vec<Budget> = outs.iter().map(budget_of).collect();
+            let repeats: Vec<Budget> = outs.iter().map(Budget::from).collect();
             println!();
             println!("{label}: {}", budgets(&repeats));
         }
