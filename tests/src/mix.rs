@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::{
     noisy,
-    scenario::{self, Aggressor, Mode, STEADY_AFTER_CYCLES},
+    scenario::{self, Aggressor, Mode, SteadyBudget, STEADY_AFTER_CYCLES},
     Agent, Scratch, TestCgroup,
 };
 
@@ -117,17 +117,12 @@ pub struct MixOutcome {
     pub mode: Mode,
     pub db: Reader,
     pub cache: Reader,
-    pub steady_cycles: usize,
-    /// Steady cycles with any service violating (a reader over its SLO, or `ingest`
-    /// backlogged under its rate).
-    pub steady_violations: usize,
+    /// The steady cycles' budgets: violating is any service (a reader over its SLO, or
+    /// `ingest` backlogged under its rate), changes are decisions on either writer.
+    pub steady: SteadyBudget,
     pub ingest_rate_mbps: u64,
     pub ingest_steady_mbps: f64,
     pub backup_steady_mbps: f64,
-    /// Decisions on either writer in the steady cycles.
-    pub steady_changes: usize,
-    /// The most of those in any ten consecutive steady cycles.
-    pub most_changes_in_ten: usize,
     pub events: Vec<Value>,
 }
 
@@ -135,10 +130,10 @@ impl MixOutcome {
     /// Every promise kept in the steady cycles: both readers within their SLOs by fio,
     /// at most one violating cycle in ten, `ingest` at its rate (5 % for measurement).
     pub fn keeps_slos(&self) -> bool {
-        self.steady_cycles > 0
+        self.steady.cycles > 0
             && self.db.steady_p999_ms <= self.db.slo_ms as f64
             && self.cache.steady_p999_ms <= self.cache.slo_ms as f64
-            && self.steady_violations * 10 <= self.steady_cycles
+            && self.steady.violating * 10 <= self.steady.cycles
             && self.ingest_steady_mbps >= self.ingest_rate_mbps as f64 * 0.95
     }
     /// Both writers' MB/s together over the steady cycles.
@@ -147,7 +142,7 @@ impl MixOutcome {
     }
     /// resctl-bench's isolation: the share of steady cycles with no service violating.
     pub fn isolation(&self) -> f64 {
-        1.0 - self.steady_violations as f64 / self.steady_cycles.max(1) as f64
+        self.steady.isolation()
     }
 }
 
@@ -321,16 +316,14 @@ fn outcome(mode: Mode, mix: &Mix, events: &[Value]) -> MixOutcome {
     MixOutcome {
         db: reader(&db, mix.db_slo_ms),
         cache: reader(&cache, mix.cache_slo_ms),
-        steady_cycles: steady.len(),
-        steady_violations: steady
-            .iter()
-            .filter(|&&c| violating(&db, c) || violating(&cache, c) || violating(&ingest, c))
-            .count(),
+        steady: SteadyBudget::of(
+            &steady,
+            |c| violating(&db, c) || violating(&cache, c) || violating(&ingest, c),
+            &changes,
+        ),
         ingest_rate_mbps: mix.ingest_rate_mbps,
         ingest_steady_mbps: mean(&ingest),
         backup_steady_mbps: mean(&backup),
-        steady_changes: steady.iter().filter(|c| changes.contains(c)).count(),
-        most_changes_in_ten: crate::scenario::most_in_any_ten(&steady, &changes),
         events: events.to_vec(),
         mode,
     }

@@ -240,12 +240,8 @@ pub struct Outcome {
     /// Per rest between phases: cycles from its first quiet cycle until no cap was left
     /// on the aggressor (None: a cap stayed through the rest).
     pub cycles_to_lift: Vec<Option<u64>>,
-    pub steady_cycles: usize,
-    pub steady_violations: usize,
-    /// Decisions on the aggressor in the steady cycles.
-    pub steady_changes: usize,
-    /// The most of those in any ten consecutive steady cycles ([`most_in_any_ten`]).
-    pub most_changes_in_ten: usize,
+    /// The steady cycles' budgets; changes are decisions on the aggressor.
+    pub steady: SteadyBudget,
     /// p99.9 of the reader's I/Os from its own log (fio's; the load generator's in a VM): alone,
     /// and in the steady phases.
     pub solo_p999_ms: f64,
@@ -271,13 +267,13 @@ impl Outcome {
     /// The same with at most one violating cycle in `n` (the tests use 5 over their
     /// 20-cycle steady phases: the 1-in-10 target with room for a small sample).
     pub fn keeps_slo_with(&self, n: usize) -> bool {
-        self.steady_cycles > 0
+        self.steady.cycles > 0
             && self.steady_client_p999_ms <= self.slo_ms as f64
-            && self.steady_violations * n <= self.steady_cycles
+            && self.steady.violating * n <= self.steady.cycles
     }
     /// resctl-bench's isolation: the share of steady cycles within the SLO.
     pub fn isolation(&self) -> f64 {
-        1.0 - self.steady_violations as f64 / self.steady_cycles.max(1) as f64
+        self.steady.isolation()
     }
     /// resctl-bench's latency impact: the reader's p99.9 over its p99.9 alone.
     pub fn latency_impact(&self) -> f64 {
@@ -564,13 +560,7 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
                 (quiet..back).find(|&c| unlimited_at(c)).map(|c| c - quiet)
             })
             .collect(),
-        steady_cycles: steady.len(),
-        steady_violations: steady.iter().filter(|&&c| violating(c)).count(),
-        steady_changes: steady
-            .iter()
-            .filter(|c| decision_cycles.contains(c))
-            .count(),
-        most_changes_in_ten: most_in_any_ten(&steady, &decision_cycles),
+        steady: SteadyBudget::of(&steady, violating, &decision_cycles),
         solo_p999_ms: f64::NAN,
         steady_client_p999_ms: f64::NAN,
         steady_client_windows: 0,
@@ -580,6 +570,35 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
         aggressor_total_mb: (first..=last).map(rate_at).sum(),
         events: events.to_vec(),
         mode,
+    }
+}
+
+/// What the budgets count over a run's steady cycles.
+#[derive(Debug, Clone, Copy)]
+pub struct SteadyBudget {
+    pub cycles: usize,
+    /// Steady cycles with an SLO violated.
+    pub violating: usize,
+    /// Steady cycles with a cap change on an aggressor.
+    pub changes: usize,
+    /// The most of those in any ten consecutive steady cycles ([`most_in_any_ten`]).
+    pub most_changes_in_ten: usize,
+}
+
+impl SteadyBudget {
+    /// The budgets of the `steady` cycles (ascending), given which violated and the cycles
+    /// with a change.
+    pub fn of(steady: &[u64], violating: impl Fn(u64) -> bool, changes: &[u64]) -> Self {
+        SteadyBudget {
+            cycles: steady.len(),
+            violating: steady.iter().filter(|&&c| violating(c)).count(),
+            changes: steady.iter().filter(|c| changes.contains(c)).count(),
+            most_changes_in_ten: most_in_any_ten(steady, changes),
+        }
+    }
+    /// resctl-bench's isolation: the share of steady cycles within every SLO.
+    pub fn isolation(&self) -> f64 {
+        1.0 - self.violating as f64 / self.cycles.max(1) as f64
     }
 }
 
@@ -635,7 +654,7 @@ fn kept(runs: &[&Outcome], slo_ms: u64) -> bool {
 
 fn pooled(runs: &[&Outcome]) -> (usize, usize) {
     runs.iter().fold((0, 0), |(v, c), o| {
-        (v + o.steady_violations, c + o.steady_cycles)
+        (v + o.steady.violating, c + o.steady.cycles)
     })
 }
 
@@ -648,8 +667,8 @@ fn describe(runs: &[&Outcome]) -> String {
                 o.steady_client_p999_ms,
                 o.steady_client_violations,
                 o.steady_client_windows,
-                o.steady_violations,
-                o.steady_cycles,
+                o.steady.violating,
+                o.steady.cycles,
                 o.aggressor_steady_mbps
             )
         })
@@ -737,9 +756,9 @@ pub fn print_cycles(o: &Outcome) {
     println!(
         "{}: steady {}/{} violating, {} changes, client p99.9 {:.2} ms (solo {:.2}), aggressor {:.0} MB/s steady, {:.0} MB total, to SLO {:?}, to lift {:?}",
         o.mode.label(),
-        o.steady_violations,
-        o.steady_cycles,
-        o.steady_changes,
+        o.steady.violating,
+        o.steady.cycles,
+        o.steady.changes,
         o.steady_client_p999_ms,
         o.solo_p999_ms,
         o.aggressor_steady_mbps,

@@ -39,7 +39,7 @@ use isolator_tests::{
     mix::{self, Mix, MixFiles, MixOutcome},
     noisy,
     postgres::{self, Calibration, Cluster, PHASES},
-    scenario::{self, Aggressor, Files, Mode, Outcome, Scenario},
+    scenario::{self, Aggressor, Files, Mode, Outcome, Scenario, SteadyBudget},
     vm_scenario::{self, VmDisk},
     Scratch, TestCgroup,
 };
@@ -264,13 +264,13 @@ fn run() -> Result<()> {
                 eprintln!(
                     "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
                      backup {:.0} MB/s, {} changes",
-                    o.steady_violations,
-                    o.steady_cycles,
+                    o.steady.violating,
+                    o.steady.cycles,
                     o.db.steady_p999_ms,
                     o.cache.steady_p999_ms,
                     o.ingest_steady_mbps,
                     o.backup_steady_mbps,
-                    o.steady_changes
+                    o.steady.changes
                 );
                 if let Some(dir) = &events_dir {
                     write_events(dir, "paper-mix", &mode, r, &o.events)?;
@@ -303,9 +303,9 @@ fn run() -> Result<()> {
                     o.windows_ms.len(),
                     o.slo_ms,
                     o.agent.aggressor_steady_mbps,
-                    o.agent.steady_violations,
-                    o.agent.steady_cycles,
-                    o.agent.steady_changes
+                    o.agent.steady.violating,
+                    o.agent.steady.cycles,
+                    o.agent.steady.changes
                 );
                 if let Some(dir) = &events_dir {
                     write_events(dir, "postgres", &mode, r, &o.agent.events)?;
@@ -342,13 +342,13 @@ fn run() -> Result<()> {
                 };
                 eprintln!(
                     "  {}/{} violating, client {}/{} seconds over, p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
-                    o.steady_violations,
-                    o.steady_cycles,
+                    o.steady.violating,
+                    o.steady.cycles,
                     o.steady_client_violations,
                     o.steady_client_windows,
                     o.steady_client_p999_ms,
                     o.aggressor_steady_mbps,
-                    o.steady_changes
+                    o.steady.changes
                 );
                 if let Some(dir) = &events_dir {
                     write_events(dir, name, &m, r, &o.events)?;
@@ -523,7 +523,7 @@ impl PgOutcome {
     }
     /// The agent's own bar: at most one steady cycle in ten over its I/O target.
     fn keeps_io_target(&self) -> bool {
-        one_in_ten(self.agent.steady_violations, self.agent.steady_cycles)
+        one_in_ten(self.agent.steady.violating, self.agent.steady.cycles)
     }
 }
 
@@ -570,10 +570,10 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
             PHASES.windows,
             med(&|o| o.agent.steady_client_p999_ms),
             to_slo.join(", "),
-            med(&|o| o.agent.steady_violations as f64),
-            med(&|o| o.agent.steady_cycles as f64),
+            med(&|o| o.agent.steady.violating as f64),
+            med(&|o| o.agent.steady.cycles as f64),
             med(&|o| o.agent.aggressor_steady_mbps),
-            med(&|o| o.agent.steady_changes as f64),
+            med(&|o| o.agent.steady.changes as f64),
             100.0 * med(&|o| 1.0 - o.windows_over() as f64 / o.windows_ms.len().max(1) as f64),
             med(&|o| o.agent.latency_impact()),
             share_of_best(outs, best, |o| o.agent.aggressor_steady_mbps)
@@ -584,7 +584,7 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
             .iter()
             .map(|o| format!("{}/{}", o.windows_over(), o.windows_ms.len()))
             .collect();
-        let repeats: Vec<Budget> = outs.iter().map(|o| Budget::from(&o.agent)).collect();
+        let repeats: Vec<SteadyBudget> = outs.iter().map(|o| o.agent.steady).collect();
         println!();
         println!(
             "{label}: pgbench's windows over its SLO {} (the test's bar: one in five); by the \
@@ -628,44 +628,13 @@ fn one_in_ten(count: usize, cycles: usize) -> bool {
     cycles > 0 && count * 10 <= cycles
 }
 
-/// One repeat's steady phase as the issue's budgets count it.
-struct Budget {
-    violating: usize,
-    changes: usize,
-    /// The most changes in any ten consecutive steady cycles.
-    most_changes_in_ten: usize,
-    cycles: usize,
-}
-
-impl From<&Outcome> for Budget {
-    fn from(o: &Outcome) -> Budget {
-        Budget {
-            violating: o.steady_violations,
-            changes: o.steady_changes,
-            most_changes_in_ten: o.most_changes_in_ten,
-            cycles: o.steady_cycles,
-        }
-    }
-}
-
-impl From<&MixOutcome> for Budget {
-    fn from(o: &MixOutcome) -> Budget {
-        Budget {
-            violating: o.steady_violations,
-            changes: o.steady_changes,
-            most_changes_in_ten: o.most_changes_in_ten,
-            cycles: o.steady_cycles,
-        }
-    }
-}
-
 /// The issue's two budgets per repeat, as ratios of the steady cycles: at most one in ten
 /// violating, at most one in ten with a cap change (2 in 19 breaks either); and the change
 /// budget read as a rate limit too, at most one change in any ten consecutive steady cycles
 /// (the rule `adaptive` holds its raises to).
-fn budgets(repeats: &[Budget]) -> String {
+fn budgets(repeats: &[SteadyBudget]) -> String {
     let n = repeats.len();
-    let ratio = |count: &dyn Fn(&Budget) -> usize| {
+    let ratio = |count: &dyn Fn(&SteadyBudget) -> usize| {
         let each: Vec<String> = repeats
             .iter()
             .map(|r| format!("{}/{}", count(r), r.cycles))
@@ -781,14 +750,14 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
         println!(
             "| {label} | {} | {:.0}/{:.0} | {:.2} ms | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2}/{:.2} | {} |",
             to_slo.join(", "),
-            med(&|o| o.steady_violations as f64),
-            med(&|o| o.steady_cycles as f64),
+            med(&|o| o.steady.violating as f64),
+            med(&|o| o.steady.cycles as f64),
             med(&|o| o.db.steady_p999_ms),
             med(&|o| o.cache.steady_p999_ms),
             med(&|o| o.ingest_steady_mbps),
             med(&|o| o.backup_steady_mbps),
             med(&|o| o.writers_mbps()),
-            med(&|o| o.steady_changes as f64),
+            med(&|o| o.steady.changes as f64),
             100.0 * med(&|o| o.isolation()),
             med(&|o| o.db.steady_p999_ms / o.db.solo_p999_ms),
             med(&|o| o.cache.steady_p999_ms / o.cache.solo_p999_ms),
@@ -796,7 +765,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
         );
     }
     for (label, outs) in results.iter().filter(|(l, _)| is_policy(l)) {
-        let repeats: Vec<Budget> = outs.iter().map(Budget::from).collect();
+        let repeats: Vec<SteadyBudget> = outs.iter().map(|o| o.steady).collect();
         println!();
         println!("{label}: {}", budgets(&repeats));
     }
@@ -852,14 +821,14 @@ fn report(
                 "| {label} | {} | {} | {:.0}/{:.0} | {:.0}/{:.0} | {:.2} ms | {:.0} | {:.0} | {:.0} | {:.0} % | {:.2} | {} |",
                 per_cycle.join(" "),
                 to_slo.join(", "),
-                med(&|o| o.steady_violations as f64),
-                med(&|o| o.steady_cycles as f64),
+                med(&|o| o.steady.violating as f64),
+                med(&|o| o.steady.cycles as f64),
                 med(&|o| o.steady_client_violations as f64),
                 med(&|o| o.steady_client_windows as f64),
                 med(&|o| o.steady_client_p999_ms),
                 med(&|o| o.aggressor_steady_mbps),
                 med(&|o| o.aggressor_total_mb),
-                med(&|o| o.steady_changes as f64),
+                med(&|o| o.steady.changes as f64),
                 100.0 * med(&|o| o.isolation()),
                 med(&|o| o.latency_impact()),
                 // On/off: over the whole run (a static cap must be set for the worst moment).
@@ -874,7 +843,7 @@ fn report(
             .iter()
             .filter(|((i, l), _)| *i == si && is_policy(l))
         {
-            let repeats: Vec<Budget> = outs.iter().map(Budget::from).collect();
+            let repeats: Vec<SteadyBudget> = outs.iter().map(|o| o.steady).collect();
             println!();
             println!("{label}: {}", budgets(&repeats));
         }
