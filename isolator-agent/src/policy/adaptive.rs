@@ -879,13 +879,7 @@ impl DeviceHistory {
         if spends && d.services.iter().any(|s| s.violating()) {
             self.violations.push_back(d.cycle);
         }
-        while self
-            .violations
-            .front()
-            .is_some_and(|&c| c + NOISE_WINDOW <= d.cycle)
-        {
-            self.violations.pop_front();
-        }
+        keep_last(&mut self.violations, NOISE_WINDOW, d.cycle);
         if stall || worst > self.near_miss() || self.violations.back() == Some(&d.cycle) {
             self.last_near = Some(d.cycle);
         }
@@ -918,13 +912,7 @@ impl DeviceHistory {
                 self.changes.insert(at, c);
             }
         }
-        while self
-            .changes
-            .front()
-            .is_some_and(|&c| c + 2 * NOISE_WINDOW <= d.cycle)
-        {
-            self.changes.pop_front();
-        }
+        keep_last(&mut self.changes, 2 * NOISE_WINDOW, d.cycle);
     }
 
     /// Whether an unforced raise fits the budget of one change in [`NOISE_WINDOW`] cycles
@@ -1074,6 +1062,13 @@ impl DeviceHistory {
 
 /// The rate of every service on `d` but `id`. A fold from +0.0: an empty `f64` sum is -0.0,
 /// which an event would print as `-0.0`.
+/// Drops the cycles of `q` (ascending) before the last `window` cycles up to `now`.
+fn keep_last(q: &mut VecDeque<u64>, window: u64, now: u64) {
+    while q.front().is_some_and(|&c| c + window <= now) {
+        q.pop_front();
+    }
+}
+
 fn others_bps(d: &DeviceCycle, id: ServiceId) -> f64 {
     d.services
         .iter()
@@ -1773,13 +1768,7 @@ impl Adaptive {
         if d.services.iter().any(|s| s.violating()) {
             let h = self.devices.entry(d.dev).or_default();
             h.failed_probes.push_back(d.cycle);
-            while h
-                .failed_probes
-                .front()
-                .is_some_and(|&c| c + NOISE_WINDOW <= d.cycle)
-            {
-                h.failed_probes.pop_front();
-            }
+            keep_last(&mut h.failed_probes, NOISE_WINDOW, d.cycle);
         }
         let st = self.searches.entry((d.dev, a.id)).or_default();
         st.remember_bad(raised, d.cycle, worst);
@@ -2000,9 +1989,7 @@ impl Adaptive {
             .services
             .iter()
             .filter(|s| {
-                s.limit.total_bps().is_some()
-                    && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
-                    && self.raise_tells(d, s)
+                self.raise_tells(d, s) && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
             })
             .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         let Some(s) = candidate else {
@@ -2250,13 +2237,13 @@ impl Adaptive {
         out
     }
 
-    /// Whether raising `s`'s cap could tell anything: the service fills it (at [`BINDING`]),
-    /// or no knee and no ceiling bound it (then `relax` removes a cap it uses under half
-    /// of, or searches on). Under a knee, a raise of a cap the service does not fill adds
-    /// no load, and the next violation (its return, the disk's) fails it as a probe and
-    /// moves the knee to where nothing was measured (seen on the test disk, run AS: a
-    /// writer going quiet at the end of its phase, 111 then 0 MB/s under 192, raised to
-    /// 229 and that "broke" on the reader's own last cycle).
+    /// Whether `s` has a bandwidth cap and raising it could tell anything: the service fills
+    /// it (at [`BINDING`]), or no knee and no ceiling bound it (then `relax` removes a cap
+    /// it uses under half of, or searches on). Under a knee, a raise of a cap the service
+    /// does not fill adds no load, and the next violation (its return, the disk's) fails it
+    /// as a probe and moves the knee to where nothing was measured (seen on the test disk,
+    /// run AS: a writer going quiet at the end of its phase, 111 then 0 MB/s under 192,
+    /// raised to 229 and that "broke" on the reader's own last cycle).
     fn raise_tells(&self, d: &DeviceCycle, s: &ServiceLoad) -> bool {
         let Some(cap) = s.limit.total_bps() else {
             return false;
