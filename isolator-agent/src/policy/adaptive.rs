@@ -1052,6 +1052,39 @@ impl DeviceHistory {
         self.clean_window(from, now) || (fast_pass && self.far_under_since(from, now))
     }
 
+    /// Whether the near miss of a raise's probe window (its cycles from `from` on: one
+    /// near miss at most, no violation) ran no closer to a target than the cap it was
+    /// raised from did in its own window: the cycles under it from the first full one after
+    /// the device's change before the raise up to the raise (`raised_at`), at least
+    /// [`TRIM_MIN_CYCLES`] of them, none over the target. Such a near miss is that cap's
+    /// scatter, not the raise's doing; a second one in the window is (the raise moved the
+    /// level), and fails it. Seen on the test disk (BENCHMARKS run AT, paper 001's mix, repeat 1): db at
+    /// 0.44-0.98 of its target under backup's 28 MB/s; the doubling to 55 MB/s ran 0.90
+    /// and 0.52, was turned back as a near miss, and backup stayed at half the best static
+    /// cap for the rest of the run.
+    fn held_cap_ran_as_close(&self, raised_at: u64, from: u64) -> bool {
+        if self.violations.iter().any(|&c| c >= from) {
+            return false;
+        }
+        let base_from = self
+            .changes
+            .iter()
+            .filter(|&&c| c < raised_at)
+            .max()
+            .map_or(0, |&c| c + 2);
+        let bar = self.near_miss();
+        // (worst fraction, cycles, near misses) of the recorded cycles in `cycles`.
+        let of = |cycles: std::ops::RangeInclusive<u64>| {
+            let xs = self.fractions.iter().filter(|x| cycles.contains(&x.0));
+            xs.fold((0.0f64, 0, 0), |(w, n, near), x| {
+                (w.max(x.1), n + 1, near + usize::from(x.1 > bar))
+            })
+        };
+        let (held, n, _) = of(base_from..=raised_at);
+        let (probe, _, near) = of(from..=u64::MAX);
+        n >= TRIM_MIN_CYCLES && held <= 1.0 && probe <= held && near <= 1
+    }
+
     /// Whether a near miss or a violation that was no stall came in cycles `from..=now`:
     /// for a raise on probation since `from`, a stall delays the verdict, it neither fails
     /// the raise nor hides a near miss before it.
@@ -1950,7 +1983,14 @@ impl Adaptive {
                 continue;
             };
             let from = self.probe_window_start(d.dev, s);
-            if d.cycle + 1 >= from + PROBE_CYCLES && h.harm_since(from) && s.can_change(d.cycle) {
+            let matched = s
+                .changed_cycle
+                .is_some_and(|raised_at| h.held_cap_ran_as_close(raised_at, from));
+            if d.cycle + 1 >= from + PROBE_CYCLES
+                && h.harm_since(from)
+                && !matched
+                && s.can_change(d.cycle)
+            {
                 let why = format!(
                     "a raise to {:.0} MB/s ran the p99.9 within {:.0} % of its target: back to the last cap that held, {:.0} MB/s",
                     cap as f64 / 1e6,
@@ -4037,6 +4077,73 @@ mod tests {
                 .flat_map(|(_, d)| d)
                 .any(|d| d.to.is_some_and(|to| to > cap)),
             "no raise once the writer filled its cap again: the test saw nothing"
+        );
+    }
+
+    /// A raise's probe window is judged against the cap it came from: one near miss no
+    /// closer to the target than that cap's own worst cycle is its scatter and does not fail
+    /// the raise (run AT, paper 001's mix: db at 0.44-0.98 under backup's cap, the doubling
+    /// turned back on one cycle at 0.90); a near miss closer than that still does.
+    #[test]
+    fn a_probe_is_not_failed_by_a_near_miss_its_held_cap_ran_too() {
+        // (fell back, the raised cap, the cap the search holds now).
+        let probe = |near_under_held: bool| {
+            let mut disk = pair();
+            let mut p = Adaptive::default();
+            disk.run(&mut p, 120);
+            let cap = writer_cap(&disk).expect("capped");
+            // The held cap: the reader on the plateau at 0.55-0.65 of its target, one cycle at
+            // 0.95-0.99.
+            disk.knee_scale = scale_for(&disk, 0.55, 0.65);
+            let calm = disk.run(&mut p, 4);
+            disk.knee_scale = scale_for(&disk, 0.95, 0.99);
+            let near = disk.run(&mut p, 1);
+            disk.knee_scale = scale_for(&disk, 0.55, 0.65);
+            let held = near[0].0.services[0].p999_ns.unwrap() as f64 / 5e6;
+            assert!(
+                calm.iter().chain(&near).all(|(_, d)| d.is_empty()),
+                "the held cap changed"
+            );
+            // A knee far over the cap: a raise half-way to it is due once the window is clean.
+            let st = p.searches.get_mut(&(1, 1)).expect("searched");
+            st.knee = Some(Knee::found(None, cap * 3, disk.cycle, None));
+            let raised = (0..4)
+                .find_map(|_| {
+                    let (_, ds) = disk.run(&mut p, 1).remove(0);
+                    ds.iter().find_map(|d| d.to.filter(|&to| to > cap))
+                })
+                .expect("no raise from the held cap: the test saw nothing");
+            // Its first cycle: one near miss, just under or just over the held cap's worst.
+            let bar = p.devices[&1].near_miss();
+            assert!(
+                held > bar + 0.04,
+                "held cap's worst {held:.3} near the bar {bar:.3}"
+            );
+            disk.knee_scale = if near_under_held {
+                scale_for(&disk, bar + 0.01, held - 0.01)
+            } else {
+                scale_for(&disk, held + 0.005, 0.999)
+            };
+            let first = disk.run(&mut p, 1);
+            disk.knee_scale = scale_for(&disk, 0.55, 0.65);
+            let rest = disk.run(&mut p, 2);
+            let fell_back = first
+                .iter()
+                .chain(&rest)
+                .flat_map(|(_, d)| d)
+                .any(|d| d.to == Some(cap));
+            (fell_back, raised, p.searches[&(1, 1)].good)
+        };
+        let (fell_back, raised, good) = probe(true);
+        assert!(
+            !fell_back,
+            "a near miss the held cap ran too failed the raise"
+        );
+        assert_eq!(good, Some(raised), "the raise did not hold");
+        let (fell_back, _, _) = probe(false);
+        assert!(
+            fell_back,
+            "a near miss closer than the held cap's worst did not fail the raise"
         );
     }
 }
