@@ -1649,6 +1649,21 @@ impl Adaptive {
             if st.fell_back_at.is_some_and(|c| d.cycle <= c + 1) {
                 return vec![];
             }
+            // A raise the service did not use (its rate at or under the cap it came from)
+            // added nothing: the violation is not the raise's, and the raised cap is no knee.
+            // Back without learning one. Seen in run AT (writer, repeat 2): a raise to
+            // 128 MB/s as the phase ended, and the reader's last cycle with the writer at
+            // 0 MB/s "broke" it.
+            if a.bps() <= prev as f64 {
+                let why = format!(
+                    "{} broke its SLO while {} ran under its last cap that held ({:.0} MB/s): back to that cap; the raise to {:.0} MB/s is no knee",
+                    victim.name,
+                    a.name,
+                    prev as f64 / 1e6,
+                    raised as f64 / 1e6
+                );
+                return self.fall_back(d, a, prev, why, cause);
+            }
             // A probe fails on its first violation, marginal or not: waiting for a second
             // one (a p99.9 from a few thousand samples straddles the target near the knee)
             // cost two or three violating cycles per failed probe on the test disk, most of
@@ -4144,6 +4159,54 @@ mod tests {
         assert!(
             fell_back,
             "a near miss closer than the held cap's worst did not fail the raise"
+        );
+    }
+
+    /// A violation while the raised service runs under the cap it was raised from is not
+    /// the raise's: back to that cap, and the raised one is no knee (run AT, writer repeat
+    /// 2: a raise as the phase ended, "broken" by the reader's last cycle with the writer at
+    /// 0 MB/s). A violation while it uses the raise still makes the raise the knee.
+    #[test]
+    fn a_raise_the_service_did_not_use_is_not_failed_as_a_knee() {
+        // (the fall-back's reason, the knee the search remembers, the raised cap).
+        let probe = |used: bool| {
+            let mut disk = pair();
+            let mut p = Adaptive::default();
+            disk.run(&mut p, 120);
+            let cap = writer_cap(&disk).expect("capped");
+            let st = p.searches.get_mut(&(1, 1)).expect("searched");
+            st.knee = Some(Knee::found(None, cap * 3, disk.cycle, None));
+            disk.knee_scale = 3.0;
+            let raised = (0..6)
+                .find_map(|_| {
+                    let (_, ds) = disk.run(&mut p, 1).remove(0);
+                    ds.iter().find_map(|d| d.to.filter(|&to| to > cap))
+                })
+                .expect("no raise: the test saw nothing");
+            if !used {
+                // The writer slows to 90 % of the cap that held as the raise lands.
+                disk.services[1].demand_bps = cap as f64 * 0.9;
+            }
+            disk.knee_scale = scale_for(&disk, 1.1, 1.5);
+            let (c, ds) = disk.run(&mut p, 1).remove(0);
+            assert!(c.services[0].violating(), "the slowdown broke nothing");
+            let back = ds
+                .iter()
+                .find(|d| d.to == Some(cap))
+                .map(|d| d.reason.clone())
+                .expect("no fall-back to the cap that held");
+            let knee = p.searches[&(1, 1)].knee.map(|k| k.rate_bps);
+            (back, knee, raised)
+        };
+        let (why, knee, raised) = probe(false);
+        assert!(why.contains("no knee"), "{why}");
+        assert_ne!(knee, Some(raised), "an unused raise became the knee");
+        let (why, knee, raised) = probe(true);
+        assert!(why.starts_with("a raise to"), "{why}");
+        assert_eq!(
+            knee,
+            Some(raised),
+            "a raise that broke the SLO is not the knee"
         );
     }
 }
