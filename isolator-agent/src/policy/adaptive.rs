@@ -1058,10 +1058,10 @@ impl DeviceHistory {
     /// the device's change before the raise up to the raise (`raised_at`), at least
     /// [`TRIM_MIN_CYCLES`] of them, none over the target. Such a near miss is that cap's
     /// scatter, not the raise's doing; a second one in the window is (the raise moved the
-    /// level), and fails it. Seen on the test disk (BENCHMARKS run AT, paper 001's mix, repeat 1): db at
-    /// 0.44-0.98 of its target under backup's 28 MB/s; the doubling to 55 MB/s ran 0.90
-    /// and 0.52, was turned back as a near miss, and backup stayed at half the best static
-    /// cap for the rest of the run.
+    /// level), and fails it. Seen on the test disk (BENCHMARKS run AT, paper 001's mix,
+    /// repeat 1): db at 0.44-0.98 of its target under backup's 28 MB/s; the doubling to
+    /// 55 MB/s ran 0.90 and 0.52, was turned back as a near miss, and backup stayed at half
+    /// the best static cap for the rest of the run.
     fn held_cap_ran_as_close(&self, raised_at: u64, from: u64) -> bool {
         if self.violations.iter().any(|&c| c >= from) {
             return false;
@@ -1093,8 +1093,6 @@ impl DeviceHistory {
     }
 }
 
-/// The rate of every service on `d` but `id`. A fold from +0.0: an empty `f64` sum is -0.0,
-/// which an event would print as `-0.0`.
 /// Drops the cycles of `q` (ascending) before the last `window` cycles up to `now`.
 fn keep_last(q: &mut VecDeque<u64>, window: u64, now: u64) {
     while q.front().is_some_and(|&c| c + window <= now) {
@@ -1102,6 +1100,8 @@ fn keep_last(q: &mut VecDeque<u64>, window: u64, now: u64) {
     }
 }
 
+/// The rate of every service on `d` but `id`. A fold from +0.0: an empty `f64` sum is -0.0,
+/// which an event would print as `-0.0`.
 fn others_bps(d: &DeviceCycle, id: ServiceId) -> f64 {
     d.services
         .iter()
@@ -1998,12 +1998,11 @@ impl Adaptive {
                 continue;
             };
             let from = self.probe_window_start(d.dev, s);
-            let matched = s
-                .changed_cycle
-                .is_some_and(|raised_at| h.held_cap_ran_as_close(raised_at, from));
             if d.cycle + 1 >= from + PROBE_CYCLES
                 && h.harm_since(from)
-                && !matched
+                && !s
+                    .changed_cycle
+                    .is_some_and(|raised_at| h.held_cap_ran_as_close(raised_at, from))
                 && s.can_change(d.cycle)
             {
                 let why = format!(
@@ -2814,6 +2813,28 @@ mod tests {
 
     fn writer_cap(d: &SimDisk) -> Option<u64> {
         d.services[1].limit.total_bps()
+    }
+
+    /// The pair after 120 cycles, the writer's cap settled: (disk, policy, cap).
+    fn settled_pair() -> (SimDisk, Adaptive, u64) {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 120);
+        let cap = writer_cap(&disk).expect("capped");
+        (disk, p, cap)
+    }
+
+    /// Gives the writer a knee found just now three times over `cap`, and runs until the
+    /// raise half-way to it (at most 6 cycles): the raised cap.
+    fn raise_toward_far_knee(disk: &mut SimDisk, p: &mut Adaptive, cap: u64) -> u64 {
+        let st = p.searches.get_mut(&(1, 1)).expect("searched");
+        st.knee = Some(Knee::found(None, cap * 3, disk.cycle, None));
+        (0..6)
+            .find_map(|_| {
+                let (_, ds) = disk.run(p, 1).remove(0);
+                ds.iter().find_map(|d| d.to.filter(|&to| to > cap))
+            })
+            .expect("no raise toward the far knee: the test saw nothing")
     }
 
     /// The knee scale at which the writer at its current cap puts the reader at `lo..hi` of
@@ -4103,10 +4124,7 @@ mod tests {
     fn a_probe_is_not_failed_by_a_near_miss_its_held_cap_ran_too() {
         // (fell back, the raised cap, the cap the search holds now).
         let probe = |near_under_held: bool| {
-            let mut disk = pair();
-            let mut p = Adaptive::default();
-            disk.run(&mut p, 120);
-            let cap = writer_cap(&disk).expect("capped");
+            let (mut disk, mut p, cap) = settled_pair();
             // The held cap: the reader on the plateau at 0.55-0.65 of its target, one cycle at
             // 0.95-0.99.
             disk.knee_scale = scale_for(&disk, 0.55, 0.65);
@@ -4120,14 +4138,7 @@ mod tests {
                 "the held cap changed"
             );
             // A knee far over the cap: a raise half-way to it is due once the window is clean.
-            let st = p.searches.get_mut(&(1, 1)).expect("searched");
-            st.knee = Some(Knee::found(None, cap * 3, disk.cycle, None));
-            let raised = (0..4)
-                .find_map(|_| {
-                    let (_, ds) = disk.run(&mut p, 1).remove(0);
-                    ds.iter().find_map(|d| d.to.filter(|&to| to > cap))
-                })
-                .expect("no raise from the held cap: the test saw nothing");
+            let raised = raise_toward_far_knee(&mut disk, &mut p, cap);
             // Its first cycle: one near miss, just under or just over the held cap's worst.
             let bar = p.devices[&1].near_miss();
             assert!(
@@ -4170,19 +4181,9 @@ mod tests {
     fn a_raise_the_service_did_not_use_is_not_failed_as_a_knee() {
         // (the fall-back's reason, the knee the search remembers, the raised cap).
         let probe = |used: bool| {
-            let mut disk = pair();
-            let mut p = Adaptive::default();
-            disk.run(&mut p, 120);
-            let cap = writer_cap(&disk).expect("capped");
-            let st = p.searches.get_mut(&(1, 1)).expect("searched");
-            st.knee = Some(Knee::found(None, cap * 3, disk.cycle, None));
+            let (mut disk, mut p, cap) = settled_pair();
             disk.knee_scale = 3.0;
-            let raised = (0..6)
-                .find_map(|_| {
-                    let (_, ds) = disk.run(&mut p, 1).remove(0);
-                    ds.iter().find_map(|d| d.to.filter(|&to| to > cap))
-                })
-                .expect("no raise: the test saw nothing");
+            let raised = raise_toward_far_knee(&mut disk, &mut p, cap);
             if !used {
                 // The writer slows to 90 % of the cap that held as the raise lands.
                 disk.services[1].demand_bps = cap as f64 * 0.9;
