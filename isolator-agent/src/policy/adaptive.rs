@@ -2037,18 +2037,39 @@ impl Adaptive {
             return out;
         }
 
-        // One raise per cycle, the cap untouched longest first (lowest id as tie).
+        // One raise per cycle, the cap untouched longest first (lowest id as tie); when
+        // that one has no room (at its knee, its budget spent), the next. Seen on the test
+        // disk (BENCHMARKS run AU, paper 001's mix, repeat 2): backup at its floor, 15 %
+        // under a knee its arrival's re-cut found, was the oldest cap for 23 cycles, and
+        // ingest, half its knee's distance under it, was never tried.
         let lone = lone_capped(d);
-        let candidate = d
+        let mut candidates: Vec<&ServiceLoad> = d
             .services
             .iter()
             .filter(|s| {
                 self.raise_tells(d, s) && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
             })
-            .min_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
-        let Some(s) = candidate else {
-            return out;
-        };
+            .collect();
+        candidates.sort_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
+        for s in candidates {
+            let raise = self.raise(d, &h, s, lone);
+            if !raise.is_empty() {
+                return raise;
+            }
+        }
+        out
+    }
+
+    /// The raise of `s`'s cap this cycle, if its window held and it has room: the knee
+    /// search's next step (see `relax`). Empty when it has none.
+    fn raise(
+        &mut self,
+        d: &DeviceCycle,
+        h: &DeviceHistory,
+        s: &ServiceLoad,
+        lone: Option<ServiceId>,
+    ) -> Vec<Decision> {
+        let mut out = vec![];
         let cap = s.limit.total_bps().unwrap_or(0);
         let from = self.probe_window_start(d.dev, s);
         let fast_pass = self.fast_pass(d, s, lone);
@@ -4208,6 +4229,51 @@ mod tests {
             knee,
             Some(raised),
             "a raise that broke the SLO is not the knee"
+        );
+    }
+
+    /// A cap with no room under its knee does not keep the other capped services from being
+    /// raised: the next in line is tried (run AU, paper 001's mix: backup at its floor just
+    /// under a knee, the oldest cap for 23 cycles, and ingest never tried).
+    #[test]
+    fn a_cap_at_its_knee_does_not_block_the_raise_of_another() {
+        let mut disk = db_and_two_writers(5);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 60);
+        disk.knee_scale = 2.0;
+        disk.run(&mut p, 25);
+        let caps: Vec<u64> = (1..3)
+            .map(|i| {
+                disk.services[i]
+                    .limit
+                    .total_bps()
+                    .expect("both writers capped")
+            })
+            .collect();
+        // The oldest cap is at its knee; the other has one far over it.
+        let by_age = |i: usize| (disk.services[i].changed.unwrap_or(0), i);
+        let (stuck, room) = if by_age(1) <= by_age(2) {
+            (1, 2)
+        } else {
+            (2, 1)
+        };
+        let now = disk.cycle;
+        let knee =
+            |cap: u64, x: f64| Some(Knee::found(None, (cap as f64 * x) as u64, now, Some(1.1)));
+        p.searches.get_mut(&(1, stuck)).expect("searched").knee = knee(caps[stuck - 1], 1.05);
+        p.searches.get_mut(&(1, room)).expect("searched").knee = knee(caps[room - 1], 3.0);
+        p.devices.get_mut(&1).expect("device").total_knee = None;
+        let after = disk.run(&mut p, 12);
+        let raised = |i: usize| {
+            after
+                .iter()
+                .flat_map(|(_, d)| d)
+                .any(|d| d.service == i && d.to.is_some_and(|to| to > caps[i - 1]))
+        };
+        assert!(!raised(stuck), "the cap at its knee was raised");
+        assert!(
+            raised(room),
+            "the cap with room under its knee was never raised"
         );
     }
 }
