@@ -981,6 +981,15 @@ impl DeviceHistory {
             .map(|x| x.1.ln())
     }
 
+    /// With two or more services capped in `d`, their total broke an SLO: the device's
+    /// knee (see `total_knee`).
+    fn total_broke(&mut self, d: &DeviceCycle) {
+        let (total, n) = capped_total(d);
+        if n >= 2 {
+            self.total_knee = Some(Knee::found(self.total_knee, total, d.cycle, None));
+        }
+    }
+
     /// Whether cycle `c` was a failed probe's (see `failed_probes`). No cap held through
     /// it answers for it.
     fn probe_owned(&self, c: u64) -> bool {
@@ -1446,9 +1455,10 @@ impl Adaptive {
 
     /// The worst p99.9, as a fraction of its target, of every latency service's I/Os in
     /// cycles `from..=now` (the last [`NOISE_WINDOW`] at most, a failed probe's left out),
-    /// how many cycles it judged and how many the window holds. With `spare_worst`, a full window leaves out the
-    /// device's worst cycle: the one violating cycle in ten the budget allows (the budget
-    /// counts the device's cycles, so one cycle for every service). A burst of slow reads in
+    /// how many cycles it judged and how many the window holds. With `spare_worst`, a full
+    /// window leaves out the device's worst cycle: the one violating cycle in ten the
+    /// budget allows (the budget counts the device's cycles, so one cycle for every
+    /// service). A burst of slow reads in
     /// one cycle (seen: 109 reads over 0.9 of the target in one cycle, none in the nine
     /// before, BENCHMARKS run AF, PostgreSQL repeat 2) fills a pooled window's tail alone and
     /// says little of the cap.
@@ -1785,14 +1795,13 @@ impl Adaptive {
             // run AY (paper 001's mix, repeat 1): ingest at 141 MB/s next to backup at 45
             // broke db twice and was cut, and backup's next probe went half-way to the 245
             // MB/s a failed doubling had left, from 149, and broke it.
-            let (total, n) = capped_total(d);
             let h = self.devices.entry(d.dev).or_default();
             let lower = h
                 .total_knee
                 .and_then(|k| k.trusted(d.cycle))
-                .is_some_and(|k| k <= total);
-            if n >= 2 && !lower {
-                h.total_knee = Some(Knee::found(h.total_knee, total, d.cycle, None));
+                .is_some_and(|k| k <= capped_total(d).0);
+            if !lower {
+                h.total_broke(d);
             }
             let to = ((cap as f64 * factor) as u64).max(least_cap_bps(a));
             st.held = Some(to);
@@ -1853,11 +1862,7 @@ impl Adaptive {
         st.remember_bad(raised, d.cycle, worst);
         st.stalled_probe = None;
         // `raised` is a's cap now: the total is the one that broke.
-        let (total, n) = capped_total(d);
-        if n >= 2 {
-            let h = self.devices.entry(d.dev).or_default();
-            h.total_knee = Some(Knee::found(h.total_knee, total, d.cycle, None));
-        }
+        self.devices.entry(d.dev).or_default().total_broke(d);
         self.fall_back(d, a, prev, why, cause)
     }
 
@@ -2578,13 +2583,20 @@ impl Policy for Adaptive {
             // cap's: read as this cap's, it bends the slope that says whether the cap sits
             // on a plateau (seen in paper 001's mix, runs AV-AX: ingest's probes put db at
             // 0.98-1.25 under backup's unchanged cap).
-            let settled = |s: &ServiceLoad| {
-                d.cycle >= window_start(s)
-                    && self
-                        .searches
-                        .get(&(d.dev, s.id))
-                        .is_none_or(|st| st.before_raise.is_none())
-            };
+            // One pass, not every pair: a device may carry thousands of services.
+            let unsettled: Vec<ServiceId> = d
+                .services
+                .iter()
+                .filter(|s| {
+                    d.cycle < window_start(s)
+                        || self
+                            .searches
+                            .get(&(d.dev, s.id))
+                            .is_some_and(|st| st.before_raise.is_some())
+                })
+                .map(|s| s.id)
+                .take(2)
+                .collect();
             let (total, _) = capped_total(d);
             let points: Vec<ServiceId> = d
                 .services
@@ -2592,7 +2604,7 @@ impl Policy for Adaptive {
                 .filter(|s| {
                     s.limit.total_bps().is_some()
                         && d.cycle >= window_start(s)
-                        && d.services.iter().all(|o| o.id == s.id || settled(o))
+                        && unsettled.iter().all(|&o| o == s.id)
                 })
                 .map(|s| s.id)
                 .collect();
@@ -2881,6 +2893,14 @@ mod tests {
             SimService::writer("backup", SloClass::BestEffort, 1200.0, start),
             SimService::writer("ingest", SloClass::Throughput { rate_bps }, 1200.0, start),
         ])
+    }
+
+    /// Paper 001's mix (see [`db_and_two_writers`]) on a noisy disk of `seed`, and a
+    /// fresh policy.
+    fn noisy_mix(seed: u64) -> (SimDisk, Adaptive) {
+        let mut disk = db_and_two_writers(5);
+        disk.noise_seed = Some(seed);
+        (disk, Adaptive::default())
     }
 
     fn writer_cap(d: &SimDisk) -> Option<u64> {
@@ -4334,9 +4354,7 @@ mod tests {
     /// to 87 % two cycles later; in repeat 2 ingest's failed doubling trimmed backup so).
     #[test]
     fn a_settled_cap_is_not_trimmed_for_another_s_failed_probe() {
-        let mut disk = db_and_two_writers(5);
-        disk.noise_seed = Some(7);
-        let mut p = Adaptive::default();
+        let (mut disk, mut p) = noisy_mix(7);
         let h = disk.run(&mut p, 30);
         let failed = h
             .iter()
@@ -4365,9 +4383,7 @@ mod tests {
     /// probes put db at 0.98-1.25 under backup's unchanged cap).
     #[test]
     fn another_cap_s_probe_gives_no_point_to_a_settled_cap_s_fit() {
-        let mut disk = db_and_two_writers(5);
-        disk.noise_seed = Some(7);
-        let mut p = Adaptive::default();
+        let (mut disk, mut p) = noisy_mix(7);
         let fit_len =
             |p: &Adaptive, id: usize| p.searches.get(&(1, id)).map_or(0, |st| st.fit.len());
         let (mut skipped, mut taken) = (0, 0);
@@ -4411,9 +4427,7 @@ mod tests {
     fn a_cut_of_a_settled_cap_next_to_another_leaves_their_total_as_the_knee() {
         let cut = (1..40)
             .find_map(|seed| {
-                let mut disk = db_and_two_writers(5);
-                disk.noise_seed = Some(seed);
-                let mut p = Adaptive::default();
+                let (mut disk, mut p) = noisy_mix(seed);
                 (0..80).find_map(|_| {
                     let (c, ds) = disk.run(&mut p, 1).remove(0);
                     let (total, n) = capped_total(&c);
@@ -4436,9 +4450,7 @@ mod tests {
     /// total: the victim answers to their sum.
     #[test]
     fn the_latency_fit_is_against_the_capped_total() {
-        let mut disk = db_and_two_writers(5);
-        disk.noise_seed = Some(7);
-        let mut p = Adaptive::default();
+        let (mut disk, mut p) = noisy_mix(7);
         let mut seen = 0;
         for _ in 0..60 {
             let before = p.searches.get(&(1, 1)).map_or(0, |st| st.fit.len());
