@@ -389,6 +389,18 @@ struct Search {
     raise_in_force: Option<u64>,
     /// The cycle the last raise's probe window passed (see [`RAISE_TRIAL_CYCLES`]).
     raise_passed_at: Option<u64>,
+    /// The last cut of a settled cap for a broken budget (see [`BudgetCut`]).
+    budget_cut: Option<BudgetCut>,
+}
+
+/// A settled cap cut because its victim broke the one-in-[`NOISE_WINDOW`] budget: until
+/// the violations that broke it leave the window, the budget stays spent, and one more
+/// violation under the cut's cap cuts again, deeper.
+#[derive(Debug, Clone, Copy)]
+struct BudgetCut {
+    to: u64,
+    cycle: u64,
+    factor: f64,
 }
 
 /// Where a doubling search's last raise came from.
@@ -1780,14 +1792,30 @@ impl Adaptive {
                     .get(&(d.dev, a.id))
                     .and_then(Search::slope)
                     .is_some_and(|k| k < FUTILE_SLOPE);
-            let tolerated = if plateau { 2 } else { 1 };
+            // Under a cap a budget cut set, the budget is still spent while the violations
+            // that broke it are in the window: the next violation is the cut's failure, not
+            // scatter. Seen in CI (the container noisy neighbor, target 6 ms): cuts of 14,
+            // 10 and 11 % each waited for two more violations, 8 of 26 cycles violating.
+            let after_cut = self
+                .searches
+                .get(&(d.dev, a.id))
+                .and_then(|st| st.budget_cut)
+                .filter(|b| b.to == cap && d.cycle < b.cycle + NOISE_WINDOW);
+            let tolerated = match (plateau, after_cut) {
+                (true, _) => 2,
+                (false, None) => 1,
+                (false, Some(_)) => 0,
+            };
             if under_cap <= tolerated && l <= 3 * slo {
                 return self.trim(d, a, cause).unwrap_or_default();
             }
             // Squared, as a first cut: a cap that broke the budget under a scan's scatter
             // and was cut by SLO/L (186 to 168 MB/s at 3.5 ms against 3) broke it again at
-            // once.
+            // once. After a cut that did not hold, the factors compound: the curve is
+            // flatter there than the square assumes (the same CI run: 5-7 ms from 450 down
+            // to 300 MB/s).
             let factor = (slo as f64 / l as f64).powi(2).clamp(GENTLE_CUT_MIN, 0.9);
+            let factor = after_cut.map_or(factor, |b| (factor * b.factor).max(GENTLE_CUT_MIN));
             let st = self.searches.entry((d.dev, a.id)).or_default();
             st.remember_bad(cap, d.cycle, None);
             // With others capped, their total broke the SLO as much as this cap did: it
@@ -1804,12 +1832,26 @@ impl Adaptive {
                 h.total_broke(d);
             }
             let to = ((cap as f64 * factor) as u64).max(least_cap_bps(a));
+            let st = self.searches.entry((d.dev, a.id)).or_default();
             st.held = Some(to);
-            let why = format!(
-                "{} violated its SLO twice in {NOISE_WINDOW} cycles under this cap: cut to {:.0} %",
-                victim.name,
-                factor * 100.0
-            );
+            st.budget_cut = Some(BudgetCut {
+                to,
+                cycle: d.cycle,
+                factor,
+            });
+            let why = if after_cut.is_some() {
+                format!(
+                    "{} violated its SLO again under the cap its broken budget set: cut to {:.0} %",
+                    victim.name,
+                    factor * 100.0
+                )
+            } else {
+                format!(
+                    "{} violated its SLO twice in {NOISE_WINDOW} cycles under this cap: cut to {:.0} %",
+                    victim.name,
+                    factor * 100.0
+                )
+            };
             return cap_bandwidth(a, d.dev, to, why, cause);
         }
         // A fresh cap not yet in force (the throttle still passing the old rate's queue,
@@ -2980,6 +3022,46 @@ mod tests {
             h[3].1.iter().any(|d| d.to.is_some_and(|to| to < cap)),
             "the second violation in ten under {cap} cut nothing: {:?}",
             h[3].1
+        );
+    }
+
+    /// After a cut for a broken budget the budget stays spent while the violations that
+    /// broke it are in the window: one more violation under the cut's cap, past its
+    /// transition, cuts again and deeper (the factors compound), not two more. Seen in CI
+    /// (the container noisy neighbor, a curve flatter than the square assumes): cuts of
+    /// 14, 10 and 11 % each waited for two more violations, 8 of 26 cycles violating.
+    #[test]
+    fn a_budget_cut_that_does_not_hold_is_cut_again_at_the_next_violation() {
+        let (mut disk, mut p, cap) = settled_pair();
+        // The disk slows: the settled cap runs the reader just over its target.
+        disk.knee_scale = scale_for(&disk, 1.03, 1.1);
+        let first = (0..NOISE_WINDOW)
+            .find_map(|_| {
+                let (_, ds) = disk.run(&mut p, 1).remove(0);
+                ds.iter()
+                    .find(|d| d.reason.contains("twice in"))
+                    .and_then(|d| d.to)
+            })
+            .expect("no cut for the broken budget: the test saw nothing");
+        assert!(first < cap);
+        // Slower still: the cut's cap runs it just over its target too.
+        disk.knee_scale = scale_for(&disk, 1.03, 1.1);
+        let next = disk.run(&mut p, 2);
+        assert!(
+            next[0].1.is_empty(),
+            "a decision in the transition: {next:?}"
+        );
+        assert!(next[1].0.services[0].violating());
+        let again: Vec<&Decision> = next[1].1.iter().collect();
+        assert!(
+            again.len() == 1 && again[0].reason.contains("again"),
+            "the cut's cap broke its SLO past its transition and stood: {again:?}"
+        );
+        let (first_factor, second) = (first as f64 / cap as f64, again[0].to.unwrap());
+        // A cut's factor is at most 0.9: compounded, at most 0.9 of the first.
+        assert!(
+            (second as f64) <= first as f64 * (first_factor * 0.9).max(GENTLE_CUT_MIN) * 1.01,
+            "{cap} -> {first} -> {second}: the factors do not compound"
         );
     }
 
