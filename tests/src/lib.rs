@@ -769,6 +769,19 @@ pub mod noisy {
         (rfile, wfile)
     }
 
+    /// Whether the policy removed `service`'s cap before stop, by whichever rule (quiet for
+    /// two cycles, or no longer binding as the writer winds down): an applied decision to
+    /// `max`. A match on "lift" in the reason missed the second: the suite failed once
+    /// (2026-11-29) with neither that nor a restore.
+    pub fn cap_removed_by_policy(events: &[Value], service: &str) -> bool {
+        events.iter().any(|e| {
+            e["type"] == "decision"
+                && e["service"] == service
+                && e["decided"] == "max"
+                && e["applied"] == true
+        })
+    }
+
     /// The writer's 4 GiB file in `scratch`, fallocated (nothing written yet).
     pub fn writer_file(scratch: &Scratch) -> PathBuf {
         let wfile = scratch.path("w.dat");

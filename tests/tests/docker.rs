@@ -253,14 +253,8 @@ fn noisy_neighbor_control_works_with_containers() {
     assert_eq!(decision["cause"]["victim"], "db");
     assert_eq!(decision["cgroups"][0], format!("/docker/{backup}"));
     let restores: Vec<&Value> = events.iter().filter(|e| e["type"] == "restore").collect();
-    // Put back at stop, or removed by the policy before stop by whichever rule (see the
-    // same check in control.rs).
-    let lifted = events.iter().any(|e| {
-        e["type"] == "decision"
-            && e["service"] == "backup"
-            && e["decided"] == "max"
-            && e["applied"] == true
-    });
+    // Put back at stop, or removed by the policy before stop.
+    let lifted = noisy::cap_removed_by_policy(&events, "backup");
     assert!(
         !restores.is_empty() || lifted,
         "the writer's cap was neither lifted by the policy nor restored at stop"

@@ -1470,10 +1470,9 @@ impl Adaptive {
     /// how many cycles it judged and how many the window holds. With `spare_worst`, a full
     /// window leaves out the device's worst cycle: the one violating cycle in ten the
     /// budget allows (the budget counts the device's cycles, so one cycle for every
-    /// service). A burst of slow reads in
-    /// one cycle (seen: 109 reads over 0.9 of the target in one cycle, none in the nine
-    /// before, BENCHMARKS run AF, PostgreSQL repeat 2) fills a pooled window's tail alone and
-    /// says little of the cap.
+    /// service). A burst of slow reads in one cycle (seen: 109 reads over 0.9 of the target
+    /// in one cycle, none in the nine before, BENCHMARKS run AF, PostgreSQL repeat 2) fills
+    /// a pooled window's tail alone and says little of the cap.
     fn window_fraction(
         &self,
         dev: u32,
@@ -1816,8 +1815,6 @@ impl Adaptive {
             // to 300 MB/s).
             let factor = (slo as f64 / l as f64).powi(2).clamp(GENTLE_CUT_MIN, 0.9);
             let factor = after_cut.map_or(factor, |b| (factor * b.factor).max(GENTLE_CUT_MIN));
-            let st = self.searches.entry((d.dev, a.id)).or_default();
-            st.remember_bad(cap, d.cycle, None);
             // With others capped, their total broke the SLO as much as this cap did: it
             // bounds every probe as a failed probe's total does (see `total_knee`). Seen in
             // run AY (paper 001's mix, repeat 1): ingest at 141 MB/s next to backup at 45
@@ -1833,25 +1830,23 @@ impl Adaptive {
             }
             let to = ((cap as f64 * factor) as u64).max(least_cap_bps(a));
             let st = self.searches.entry((d.dev, a.id)).or_default();
+            st.remember_bad(cap, d.cycle, None);
             st.held = Some(to);
             st.budget_cut = Some(BudgetCut {
                 to,
                 cycle: d.cycle,
                 factor,
             });
-            let why = if after_cut.is_some() {
-                format!(
-                    "{} violated its SLO again under the cap its broken budget set: cut to {:.0} %",
-                    victim.name,
-                    factor * 100.0
-                )
+            let broke = if after_cut.is_some() {
+                "again under the cap its broken budget set".to_string()
             } else {
-                format!(
-                    "{} violated its SLO twice in {NOISE_WINDOW} cycles under this cap: cut to {:.0} %",
-                    victim.name,
-                    factor * 100.0
-                )
+                format!("twice in {NOISE_WINDOW} cycles under this cap")
             };
+            let why = format!(
+                "{} violated its SLO {broke}: cut to {:.0} %",
+                victim.name,
+                factor * 100.0
+            );
             return cap_bandwidth(a, d.dev, to, why, cause);
         }
         // A fresh cap not yet in force (the throttle still passing the old rate's queue,
