@@ -428,8 +428,15 @@ fn debian_6_1_128_possible_cpus_2000_keys() {
 /// Scenario 6 of issue 17, the control path: the writer scenario inside a 6.12 guest on
 /// cgroup v2, where the agent's knob is `io.max` (the host is v1), on a virtio disk that is a
 /// file on the host's disk. `adaptive` must see the writer push the reader over its SLO, cap
-/// the writer through io.max, bring the reader back within 3 cycles, keep the writer above
+/// the writer through io.max, bring the reader back within its SLO, keep the writer above
 /// its floor, and leave no cap behind when it exits (`vm_scenario::run` fails a run that does).
+///
+/// Back within 6 cycles, not the host scenarios' 3: the guest's writer runs at 8-20x the rate
+/// that keeps the reader within its SLO (2.2-5 GB/s against 200-400 MB/s), a ratio no host
+/// disk showed (knees at 17-60 % of a writer alone). From no cap `adaptive` cuts at least
+/// half, then three quarters of a cap that did not hold, and judges each cut in the cycle
+/// after its transition: three cuts, six cycles. CI at f651366 took all three (2164 -> 1082
+/// -> 263 -> 66 MB/s, the reader back at the fifth cycle, run G's repeats at 3, 3 and 1).
 ///
 /// How well it controls is the benchmark's question (BENCHMARKS run G, median of 3), not this
 /// test's: under emulation the reader's p99.9 rests on 400-1,500 I/Os a cycle and the guest's
@@ -483,8 +490,8 @@ fn cgroup_v2_io_max_control_in_a_vm_caps_the_writer_and_restores() {
         "adaptive wrote no io.max cap on the writer"
     );
     assert!(
-        o.cycles_to_slo[0].is_some_and(|c| c <= 3),
-        "the reader was not back within its SLO 3 cycles after the writer broke it: {:?} ({:?})",
+        o.cycles_to_slo[0].is_some_and(|c| c <= 6),
+        "the reader was not back within its SLO 6 cycles after the writer broke it: {:?} ({:?})",
         o.cycles_to_slo,
         o.p999_ms
     );
