@@ -949,8 +949,8 @@ impl DeviceHistory {
         }
     }
 
-    /// The first full cycle under the device's caps as they are: the one after its last
-    /// remembered change, any service's (0 when none is remembered).
+    /// The first full cycle under the device's caps as they are: the second after its last
+    /// remembered change, any service's, as [`window_start`] (0 when none is remembered).
     fn regime_start(&self) -> u64 {
         self.changes.back().map_or(0, |&c| c + 2)
     }
@@ -4570,8 +4570,9 @@ mod tests {
             let (mut disk, mut p) = noisy_mix(seed);
             let mut changed: Vec<(u64, ServiceId)> = vec![];
             for (c, ds) in disk.run(&mut p, 120) {
-                for d in ds.iter().filter(|d| d.to.is_some()) {
-                    if d.reason.contains(": trim to") {
+                // Every decision is a change, an uncap too.
+                for d in &ds {
+                    if d.to.is_some() && d.reason.contains(": trim to") {
                         trims += 1;
                         let other = changed.iter().rev().find(|&&(_, s)| s != d.service);
                         assert!(
