@@ -949,12 +949,6 @@ impl DeviceHistory {
         }
     }
 
-    /// The first full cycle under the device's caps as they are: the second after its last
-    /// remembered change, any service's, as [`window_start`] (0 when none is remembered).
-    fn regime_start(&self) -> u64 {
-        self.changes.back().map_or(0, |&c| c + 2)
-    }
-
     /// The near-miss bar (see [`NEAR_MISS_FLOOR`]): a p99.9 over this fraction of its
     /// target is where, with the scatter measured, one cycle in ten would break it.
     fn near_miss(&self) -> f64 {
@@ -1380,6 +1374,12 @@ fn window_start(s: &ServiceLoad) -> u64 {
     s.changed_cycle.map_or(0, |c| c + 2)
 }
 
+/// The first full cycle under the device's limits as they are: the latest of its services'
+/// windows (see [`window_start`]).
+fn regime_start(d: &DeviceCycle) -> u64 {
+    d.services.iter().map(window_start).max().unwrap_or(0)
+}
+
 /// The lowest cap `adaptive` sets on `s`: its floor, and for a throughput service its rate
 /// target too. That target is a promise like a latency target: a cap under it would make
 /// the service a victim of the cut meant to protect another, so a throughput service is an
@@ -1544,7 +1544,7 @@ impl Adaptive {
         // service's change moves every reader's level. Seen on the test disk (BENCHMARKS run
         // BA, paper 001's mix, repeat 1): ingest trimmed for the scatter of a window, and
         // backup trimmed for the same window the next cycle, before ingest's trim showed.
-        let from = window_start(s).max(self.devices.get(&d.dev)?.regime_start());
+        let from = regime_start(d);
         let window = self
             .window_fraction(d.dev, from, true)
             .filter(|&(f, n, _)| n >= TRIM_MIN_CYCLES && f > TRIM_AT);
@@ -2583,7 +2583,7 @@ impl Policy for Adaptive {
     }
 
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
-        let last_change = d.services.iter().map(window_start).max().unwrap_or(0);
+        let last_change = regime_start(d);
         let stalled = worst_latency_service(d);
         let worst = stalled.map_or(0.0, |(_, f)| f);
         let mut load = DeviceLoad::of(d, worst);
