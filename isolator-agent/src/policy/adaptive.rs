@@ -504,7 +504,9 @@ impl Search {
         let (mean, n) = level?;
         let f_bad = knee.fraction?;
         let span = (knee.rate_bps as f64 / cap as f64).ln();
-        if n < PROBE_CYCLES as usize || span <= 0.0 {
+        // One cycle is enough: the line only ever lowers the half-way probe or stops it,
+        // so a cycle read low changes nothing and one read high waits for the next.
+        if n == 0 || span <= 0.0 {
             return None;
         }
         let slope = (f_bad.ln() - mean) / span;
@@ -547,6 +549,11 @@ impl Search {
                     let factor = last_step.clamp(MIN_PROBE_GAIN, CREEP_FAR_FACTOR);
                     Some(DoublingStep::Creep((cap as f64 * factor) as u64))
                 }
+                // Without a line, a cap whose window already runs over [`PROBE_AIM`] has
+                // no room for a doubling on any curve but a flat one: the search stops
+                // there. Seen in CI (the noisy-neighbor test): a cut to 410 MB/s read 0.78
+                // and 0.89 of the target, the doubling to 821 broke at 1.46.
+                None if measured.is_some_and(|(m, _)| m > PROBE_AIM.ln()) => None,
                 None => Some(DoublingStep::Double(doubled)),
             },
         }
@@ -3661,6 +3668,70 @@ mod tests {
             "re-cut {first} -> {second}: {}",
             cuts[0].reason
         );
+    }
+
+    /// An arrival's cut whose window runs the reader at 0.8-0.88 of its target has no room
+    /// for a doubling (seen in CI: a cut to 410 MB/s read 0.78 and 0.89, the doubling to
+    /// 821 broke at 1.46): the search stops there, and doubles again once the disk is
+    /// faster and the window reads far under.
+    #[test]
+    fn a_cut_that_runs_close_to_the_target_is_not_doubled() {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        while writer_cap(&disk).is_none() {
+            disk.run(&mut p, 1);
+            assert!(disk.cycle < 20, "never capped");
+        }
+        let cut = writer_cap(&disk).unwrap();
+        disk.knee_scale = disk
+            .knee_scale_for(50..3000, 1, 0.8..0.88)
+            .expect("a knee that puts the cut at 0.8-0.88");
+        let h = disk.run(&mut p, 3 * NOISE_WINDOW);
+        let decisions: Vec<&Decision> = h.iter().flat_map(|(_, d)| d).collect();
+        assert!(decisions.is_empty(), "cut to {cut}, then {decisions:?}");
+        // A faster disk: the window reads far under, and the search doubles.
+        disk.knee_scale *= 2.0;
+        let h = disk.run(&mut p, NOISE_WINDOW);
+        let raised: Vec<&Decision> = h.iter().flat_map(|(_, d)| d).collect();
+        assert!(
+            raised.first().is_some_and(|d| d.to == Some(2 * cut)),
+            "{raised:?}"
+        );
+    }
+
+    /// A fall-back's first cycle under a knee it measured says whether the next probe has
+    /// room: at 0.8-0.88 of the target under a cap whose raise read 1.3-1.6 (CI's
+    /// noisy-neighbor test: 0.86 under 410 MB/s, 1.46 at 821), the line to the knee reaches
+    /// [`PROBE_AIM`] under the cap, and no half-way probe is made on that cycle or after.
+    #[test]
+    fn a_fall_back_that_runs_close_to_the_target_is_not_probed_half_way() {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
+        // The raise breaks at 1.3-1.6.
+        disk.knee_scale = disk
+            .knee_scale_for((100..3000).rev(), 0, 1.3..1.6)
+            .expect("a knee that breaks the raise");
+        while writer_cap(&disk) != Some(good) {
+            disk.run(&mut p, 1);
+            assert!(disk.cycle < 40, "raised {good} -> {raised}, never back");
+        }
+        // Then each cycle, the transition too (the writer's rate fell within it on the
+        // test disk), reads 0.8-0.88 of the target.
+        for _ in 0..NOISE_WINDOW {
+            disk.knee_scale = (50..3000)
+                .map(|k| f64::from(k) / 1000.0)
+                .find(|&k| {
+                    let mut next = disk.clone();
+                    next.knee_scale = k;
+                    let c = next.step();
+                    let f = c.services[0].p999_ns.unwrap() as f64 / 5e6;
+                    (0.8..0.88).contains(&f)
+                })
+                .expect("a knee that puts the reader at 0.8-0.88");
+            let h = disk.run(&mut p, 1);
+            assert!(h[0].1.is_empty(), "back at {good}, then {:?}", h[0].1);
+        }
     }
 
     /// An aggressor that goes quiet under its cap takes the victim's p99.9 from near its

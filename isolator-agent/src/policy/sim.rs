@@ -117,6 +117,7 @@ impl SimService {
     }
 }
 
+#[derive(Clone)]
 pub struct SimDisk {
     pub cycle: u64,
     pub services: Vec<SimService>,
