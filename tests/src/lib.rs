@@ -2,7 +2,7 @@
 //! files, throwaway cgroups and a running agent, each cleaned up on drop.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufReader, Read},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -491,11 +491,12 @@ impl Agent {
             Ok(f) => f,
             Err(_) => return vec![],
         };
-        BufReader::new(f)
-            .lines()
-            .map_while(Result::ok)
-            .filter(|l| l.ends_with('}'))
-            .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad NDJSON {l}: {e}")))
+        let mut text = String::new();
+        if BufReader::new(f).read_to_string(&mut text).is_err() {
+            return vec![];
+        }
+        whole_lines(&text)
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad NDJSON {l}: {e}")))
             .collect()
     }
 
@@ -603,13 +604,21 @@ impl Drop for Agent {
     }
 }
 
+/// The lines of an event file or stream that end in a newline: the last one may still be
+/// being written. The agent cuts a line a full disk tore off its file, so every one of
+/// these must parse (a check on the last byte, `}`, passes a line cut at a nested object).
+pub fn whole_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+}
+
 /// Every line the agent wrote reads into the typed event model and writes back as the same
 /// JSON: the model the readers use is the one the agent writes, field for field.
 pub fn assert_events_round_trip(events_file: &Path) {
     use isolator::events::RecordedEvent;
     let text = std::fs::read_to_string(events_file).unwrap();
     let mut n = 0;
-    for line in text.lines().filter(|l| l.ends_with('}')) {
+    for line in whole_lines(&text) {
         let typed = RecordedEvent::parse(line).unwrap_or_else(|e| {
             panic!("the agent wrote a line its readers cannot read ({e}): {line}")
         });

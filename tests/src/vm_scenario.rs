@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::{
     make_file, noisy, run_ok,
     scenario::{judged, Mode, Outcome, Scenario},
-    vm, Scratch,
+    vm, whole_lines, Scratch,
 };
 
 /// The guest kernel: the newest of the matrix.
@@ -295,9 +295,7 @@ fn run_in_guest(
         }
         _ => {}
     }
-    let events: Vec<Value> = file("ev.json")?
-        .lines()
-        .filter(|l| l.ends_with('}'))
+    let events: Vec<Value> = whole_lines(&file("ev.json")?)
         .map(|l| serde_json::from_str(l).map_err(|e| format!("{label}: event {l}: {e}")))
         .collect::<Result<_, _>>()?;
     let lat = noisy::parse_lat_log(&file("lat")?);

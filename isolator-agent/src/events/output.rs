@@ -77,6 +77,8 @@ pub struct Output {
     dropped_total: u64,
     dropped_at_stall: u64,
     stalled: bool,
+    /// Lines lost in an outage whose recovery did not last (see [`Output::notices`]).
+    dropped_in_outage: u64,
 }
 
 impl Output {
@@ -111,6 +113,7 @@ impl Output {
             dropped_total: 0,
             dropped_at_stall: 0,
             stalled: false,
+            dropped_in_outage: 0,
         })
     }
 
@@ -152,15 +155,35 @@ impl Output {
             .push(n);
     }
 
-    /// What happened to the output since the last call.
-    pub fn notices(&self) -> Vec<Notice> {
-        std::mem::take(
+    /// What happened to the output since the last call (the agent asks once a cycle). A
+    /// recovery that failed again before the call is the same outage, said once: on a disk
+    /// that stays full, the space a torn line's cut gives back takes one more batch, and
+    /// "works again" followed at once by "cannot write" would tell the operator nothing.
+    /// Its lost lines count in the recovery that lasts.
+    pub fn notices(&mut self) -> Vec<Notice> {
+        let raw = std::mem::take(
             &mut *self
                 .shared
                 .notices
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
-        )
+        );
+        let mut out: Vec<Notice> = Vec::with_capacity(raw.len());
+        for n in raw {
+            match n {
+                Notice::Failed { .. } if matches!(out.last(), Some(Notice::Recovered { .. })) => {
+                    if let Some(Notice::Recovered { dropped, .. }) = out.pop() {
+                        self.dropped_in_outage += dropped;
+                    }
+                }
+                Notice::Recovered { output, dropped } => out.push(Notice::Recovered {
+                    output,
+                    dropped: dropped + std::mem::take(&mut self.dropped_in_outage),
+                }),
+                n => out.push(n),
+            }
+        }
+        out
     }
 
     /// Lines never written: dropped while stalled (a write that failed is not counted).
@@ -233,9 +256,13 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
     };
     let mut failing = false;
     let mut closed = false;
-    // A write that failed part-way left half a line: the next one starts a new line, so
-    // every line but that one stays valid NDJSON.
+    // A write that failed part-way left half a line: in a file it is cut off; in a stream
+    // the next write starts a new line, so every line but that one stays valid NDJSON.
     let mut torn = false;
+    // Room the cut of a torn line gave back on a failing disk: a write that fits in it
+    // says nothing of the disk, and is no recovery (on a disk that stays full, each cut
+    // would otherwise take one batch and say "works again" every other cycle).
+    let mut cut_room: u64 = 0;
     let mut lost: u64 = 0;
     let mut batch = Vec::with_capacity(64 << 10);
     while let Ok(first) = rx.recv() {
@@ -275,6 +302,13 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
             if written > 0 {
                 torn = batch[written - 1] != b'\n';
             }
+            // A file is cut back to its last whole line; a stream cannot be.
+            if let (true, Writer::File(f)) = (torn && r.is_err(), &mut w) {
+                if let Some(cut) = f.discard_torn_line() {
+                    torn = false;
+                    cut_room += cut;
+                }
+            }
             if let Writer::File(f) = &mut w {
                 for news in f.take_news() {
                     notice(match news {
@@ -289,7 +323,11 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                 }
             }
             match r.and_then(|()| w.as_write().flush()) {
+                Ok(()) if failing && (written as u64) <= cut_room => {
+                    cut_room -= written as u64;
+                }
                 Ok(()) if failing => {
+                    cut_room = 0;
                     failing = false;
                     notice(Notice::Recovered {
                         output: name.clone(),
@@ -387,6 +425,39 @@ mod tests {
             }]
         );
         assert_eq!(&*got.lock().unwrap(), b"{\"n\":5}\n");
+    }
+
+    /// An output that works for one batch between two failures, all before the agent asks,
+    /// is one outage: one failure said, and one recovery with every line lost in it.
+    #[test]
+    fn a_recovery_that_fails_again_before_it_is_said_is_the_same_outage() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut o = Output::start(Target::Writer(Box::new(Flaky {
+            fail: fail.clone(),
+            got: Arc::new(Mutex::new(vec![])),
+        })))
+        .unwrap();
+        let send = |o: &mut Output, n: usize, failing: bool| {
+            fail.store(failing, Ordering::Relaxed);
+            for i in 0..n {
+                o.send(format!("{{\"n\":{i}}}"));
+                assert!(o.drain(Duration::from_secs(5)));
+            }
+        };
+        send(&mut o, 2, true);
+        send(&mut o, 1, false);
+        send(&mut o, 3, true);
+        let n = o.notices();
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(matches!(&n[0], Notice::Failed { .. }), "{n:?}");
+        send(&mut o, 1, false);
+        assert_eq!(
+            o.notices(),
+            [Notice::Recovered {
+                output: "the event writer".into(),
+                dropped: 5
+            }]
+        );
     }
 
     /// A writer that takes `room` bytes, then fails (a disk filling up mid-line).

@@ -86,6 +86,8 @@ pub struct RotatingFile {
     /// The last byte written was not a newline (a write cut short): the line is finished
     /// in this file before any rotation.
     mid_line: bool,
+    /// Where the last line written starts: what a torn line is cut back to.
+    line_start: u64,
     failing: bool,
     news: Vec<RotationNews>,
 }
@@ -100,6 +102,7 @@ impl RotatingFile {
             file,
             size,
             mid_line: false,
+            line_start: size,
             failing: false,
             news: vec![],
         })
@@ -111,7 +114,23 @@ impl RotatingFile {
         self.file = file;
         self.size = size;
         self.mid_line = false;
+        self.line_start = size;
         Ok(())
+    }
+
+    /// Cuts a line a failed write left half-written out of the file, so that every line
+    /// in it stays one whole event for the log shippers that read it (a line cut at a
+    /// nested `}` looks whole to a reader that checks the last byte). False when there was
+    /// none, or the file could not be cut: the next line then starts on a new line. Some:
+    /// the bytes cut.
+    pub fn discard_torn_line(&mut self) -> Option<u64> {
+        if !self.mid_line || self.file.set_len(self.line_start).is_err() {
+            return None;
+        }
+        let cut = self.size - self.line_start;
+        self.size = self.line_start;
+        self.mid_line = false;
+        Some(cut)
     }
 
     /// What changed about rotation since the last call.
@@ -156,6 +175,7 @@ impl RotatingFile {
         }
         self.file = fresh;
         self.size = 0;
+        self.line_start = 0;
         Ok(())
     }
 
@@ -244,6 +264,9 @@ impl Write for RotatingFile {
         }
         let chunk = self.next_chunk(buf);
         let n = self.file.write(&buf[..chunk])?;
+        if let Some(i) = buf[..n].iter().rposition(|&b| b == b'\n') {
+            self.line_start = self.size + i as u64 + 1;
+        }
         self.size += n as u64;
         if n > 0 {
             self.mid_line = buf[n - 1] != b'\n';
@@ -426,6 +449,35 @@ mod tests {
                 ("e.1".into(), format!("{}{}", line(0), line(1)))
             ]
         );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A write that failed part-way leaves half a line; the writer cuts it off, so the
+    /// file holds whole lines only (here one cut at a nested `}`, which a reader checking
+    /// the last byte would take for whole), and the size limit counts what is left.
+    #[test]
+    fn a_torn_line_is_cut_off_and_the_next_starts_where_it_was() {
+        let d = scratch("torn");
+        let p = d.join("e");
+        let limits = RotationLimits {
+            max_bytes: 40,
+            backups: 1,
+        };
+        let mut f = RotatingFile::open(&p, limits).unwrap();
+        assert_eq!(f.discard_torn_line(), None, "nothing torn yet");
+        let torn = "{\"a\":{\"b\":1},\"c\":2}\n";
+        f.write_all(format!("{}{}", line(0), &torn[..15]).as_bytes())
+            .unwrap();
+        assert_eq!(f.discard_torn_line(), Some(15));
+        assert_eq!(files(&d), [("e".into(), line(0))]);
+        assert_eq!(f.discard_torn_line(), None, "cut once");
+        // 10 bytes in the file (25 with the torn part): three more lines fit in 40, the
+        // fourth starts the next file.
+        for n in 1..5 {
+            f.write_all(line(n).as_bytes()).unwrap();
+        }
+        let kept: String = (0..4).map(line).collect();
+        assert_eq!(files(&d), [("e".into(), line(4)), ("e.1".into(), kept)]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
