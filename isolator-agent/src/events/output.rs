@@ -10,7 +10,7 @@ use std::{
     os::fd::FromRawFd,
     path::PathBuf,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc, Arc, Mutex,
     },
     time::Duration,
@@ -67,6 +67,9 @@ enum Msg {
 struct Shared {
     queued_bytes: AtomicUsize,
     notices: Mutex<Vec<Notice>>,
+    /// How many times the agent took the notices: a recovery still queued (not taken
+    /// since) can be taken back (see `write_lines`).
+    drains: AtomicU64,
 }
 
 pub struct Output {
@@ -77,8 +80,6 @@ pub struct Output {
     dropped_total: u64,
     dropped_at_stall: u64,
     stalled: bool,
-    /// Lines lost in an outage whose recovery did not last (see [`Output::notices`]).
-    dropped_in_outage: u64,
 }
 
 impl Output {
@@ -113,7 +114,6 @@ impl Output {
             dropped_total: 0,
             dropped_at_stall: 0,
             stalled: false,
-            dropped_in_outage: 0,
         })
     }
 
@@ -155,35 +155,15 @@ impl Output {
             .push(n);
     }
 
-    /// What happened to the output since the last call (the agent asks once a cycle). A
-    /// recovery that failed again before the call is the same outage, said once: on a disk
-    /// that stays full, the space a torn line's cut gives back takes one more batch, and
-    /// "works again" followed at once by "cannot write" would tell the operator nothing.
-    /// Its lost lines count in the recovery that lasts.
-    pub fn notices(&mut self) -> Vec<Notice> {
-        let raw = std::mem::take(
-            &mut *self
-                .shared
-                .notices
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        let mut out: Vec<Notice> = Vec::with_capacity(raw.len());
-        for n in raw {
-            match n {
-                Notice::Failed { .. } if matches!(out.last(), Some(Notice::Recovered { .. })) => {
-                    if let Some(Notice::Recovered { dropped, .. }) = out.pop() {
-                        self.dropped_in_outage += dropped;
-                    }
-                }
-                Notice::Recovered { output, dropped } => out.push(Notice::Recovered {
-                    output,
-                    dropped: dropped + std::mem::take(&mut self.dropped_in_outage),
-                }),
-                n => out.push(n),
-            }
-        }
-        out
+    /// What happened to the output since the last call (the agent asks once a cycle).
+    pub fn notices(&self) -> Vec<Notice> {
+        let mut q = self
+            .shared
+            .notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.shared.drains.fetch_add(1, Ordering::Relaxed);
+        std::mem::take(&mut *q)
     }
 
     /// Lines never written: dropped while stalled (a write that failed is not counted).
@@ -264,6 +244,9 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
     // would otherwise take one batch and say "works again" every other cycle).
     let mut cut_room: u64 = 0;
     let mut lost: u64 = 0;
+    // The recovery last said (the drain it is queued for, its place, its lost lines): if
+    // writing fails again before the agent takes it, it is the same outage, said once.
+    let mut recovery: Option<(u64, usize, u64)> = None;
     let mut batch = Vec::with_capacity(64 << 10);
     while let Ok(first) = rx.recv() {
         let mut acks = vec![];
@@ -303,10 +286,11 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                 torn = batch[written - 1] != b'\n';
             }
             // A file is cut back to its last whole line; a stream cannot be.
+            let mut cut = 0;
             if let (true, Writer::File(f)) = (torn && r.is_err(), &mut w) {
-                if let Some(cut) = f.discard_torn_line() {
+                if let Some(bytes) = f.discard_torn_line() {
                     torn = false;
-                    cut_room += cut;
+                    cut = bytes;
                 }
             }
             if let Writer::File(f) = &mut w {
@@ -329,7 +313,9 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                 Ok(()) if failing => {
                     cut_room = 0;
                     failing = false;
-                    notice(Notice::Recovered {
+                    let mut q = shared.notices.lock().unwrap_or_else(|p| p.into_inner());
+                    recovery = Some((shared.drains.load(Ordering::Relaxed), q.len(), lost));
+                    q.push(Notice::Recovered {
                         output: name.clone(),
                         dropped: lost,
                     });
@@ -338,7 +324,26 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                 Ok(()) => {}
                 Err(e) => {
                     lost += lines;
+                    // What this write put on the disk came out of the room a cut gave.
+                    cut_room = cut_room.saturating_sub(written as u64) + cut;
                     closed = e.kind() == io::ErrorKind::BrokenPipe;
+                    // (Not a reader gone for good: that is news of its own.)
+                    let taken_back = !failing
+                        && !closed
+                        && recovery.take().is_some_and(|(drain, at, dropped)| {
+                            let mut q = shared.notices.lock().unwrap_or_else(|p| p.into_inner());
+                            let queued = shared.drains.load(Ordering::Relaxed) == drain
+                                && q.len() == at + 1
+                                && matches!(q.last(), Some(Notice::Recovered { .. }));
+                            if queued {
+                                q.pop();
+                                lost += dropped;
+                            }
+                            queued
+                        });
+                    if taken_back {
+                        failing = true;
+                    }
                     if !failing {
                         failing = true;
                         let error = if closed {
@@ -458,6 +463,10 @@ mod tests {
                 dropped: 5
             }]
         );
+        // Once the recovery was said, the next failure is a new outage.
+        send(&mut o, 1, true);
+        let n = o.notices();
+        assert!(matches!(&n[..], [Notice::Failed { .. }]), "{n:?}");
     }
 
     /// A writer that takes `room` bytes, then fails (a disk filling up mid-line).

@@ -10,7 +10,7 @@
 
 use std::{
     fs::File,
-    io::{self, Write},
+    io::{self, Seek, SeekFrom, Write},
     path::{Path, PathBuf},
 };
 
@@ -124,7 +124,11 @@ impl RotatingFile {
     /// none, or the file could not be cut: the next line then starts on a new line. Some:
     /// the bytes cut.
     pub fn discard_torn_line(&mut self) -> Option<u64> {
-        if !self.mid_line || self.file.set_len(self.line_start).is_err() {
+        // A rotated file is not opened for append: the next write goes where the cut was.
+        if !self.mid_line
+            || self.file.set_len(self.line_start).is_err()
+            || self.file.seek(SeekFrom::Start(self.line_start)).is_err()
+        {
             return None;
         }
         let cut = self.size - self.line_start;
@@ -477,7 +481,18 @@ mod tests {
             f.write_all(line(n).as_bytes()).unwrap();
         }
         let kept: String = (0..4).map(line).collect();
-        assert_eq!(files(&d), [("e".into(), line(4)), ("e.1".into(), kept)]);
+        assert_eq!(
+            files(&d),
+            [("e".into(), line(4)), ("e.1".into(), kept.clone())]
+        );
+        // In the file a rotation opened (not for append), the next line goes where the cut
+        // was, with no hole before it.
+        f.write_all(format!("{}{}", line(5), &torn[..7]).as_bytes())
+            .unwrap();
+        assert_eq!(f.discard_torn_line(), Some(7));
+        f.write_all(line(6).as_bytes()).unwrap();
+        let now = format!("{}{}{}", line(4), line(5), line(6));
+        assert_eq!(files(&d), [("e".into(), now), ("e.1".into(), kept)]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
