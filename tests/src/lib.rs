@@ -2,7 +2,6 @@
 //! files, throwaway cgroups and a running agent, each cleaned up on drop.
 
 use std::{
-    io::{BufReader, Read},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -487,14 +486,9 @@ impl Agent {
     }
 
     pub fn events(&self) -> Vec<Value> {
-        let f = match std::fs::File::open(&self.events) {
-            Ok(f) => f,
-            Err(_) => return vec![],
-        };
-        let mut text = String::new();
-        if BufReader::new(f).read_to_string(&mut text).is_err() {
+        let Ok(text) = std::fs::read_to_string(&self.events) else {
             return vec![];
-        }
+        };
         whole_lines(&text)
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad NDJSON {l}: {e}")))
             .collect()

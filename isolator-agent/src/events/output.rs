@@ -10,8 +10,8 @@ use std::{
     os::fd::FromRawFd,
     path::PathBuf,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        mpsc, Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc, Mutex, MutexGuard,
     },
     time::Duration,
 };
@@ -66,10 +66,21 @@ enum Msg {
 #[derive(Default)]
 struct Shared {
     queued_bytes: AtomicUsize,
-    notices: Mutex<Vec<Notice>>,
-    /// How many times the agent took the notices: a recovery still queued (not taken
-    /// since) can be taken back (see `write_lines`).
-    drains: AtomicU64,
+    notices: Mutex<Notices>,
+}
+
+#[derive(Default)]
+struct Notices {
+    queue: Vec<Notice>,
+    /// How many times the agent took the queue: a recovery still in it (not taken since)
+    /// can be taken back (see `write_lines`).
+    taken: u64,
+}
+
+impl Shared {
+    fn notices(&self) -> MutexGuard<'_, Notices> {
+        self.notices.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 pub struct Output {
@@ -148,22 +159,14 @@ impl Output {
     }
 
     fn push(&self, n: Notice) {
-        self.shared
-            .notices
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(n);
+        self.shared.notices().queue.push(n);
     }
 
     /// What happened to the output since the last call (the agent asks once a cycle).
     pub fn notices(&self) -> Vec<Notice> {
-        let mut q = self
-            .shared
-            .notices
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        self.shared.drains.fetch_add(1, Ordering::Relaxed);
-        std::mem::take(&mut *q)
+        let mut q = self.shared.notices();
+        q.taken += 1;
+        std::mem::take(&mut q.queue)
     }
 
     /// Lines never written: dropped while stalled (a write that failed is not counted).
@@ -227,13 +230,7 @@ impl Write for StdoutFd {
 /// The writer thread: batches what is queued into one write, notes failures and
 /// recoveries. A closed pipe (EPIPE) never comes back: it stops writing.
 fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name: String) {
-    let notice = |n: Notice| {
-        shared
-            .notices
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(n)
-    };
+    let notice = |n: Notice| shared.notices().queue.push(n);
     let mut failing = false;
     let mut closed = false;
     // A write that failed part-way left half a line: in a file it is cut off; in a stream
@@ -244,9 +241,10 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
     // would otherwise take one batch and say "works again" every other cycle).
     let mut cut_room: u64 = 0;
     let mut lost: u64 = 0;
-    // The recovery last said (the drain it is queued for, its place, its lost lines): if
-    // writing fails again before the agent takes it, it is the same outage, said once.
-    let mut recovery: Option<(u64, usize, u64)> = None;
+    // The recovery last said (the queue it went into, by how many times the agent had
+    // taken one, and its place there): if writing fails again before the agent takes it,
+    // it is the same outage, said once.
+    let mut recovery: Option<(u64, usize)> = None;
     let mut batch = Vec::with_capacity(64 << 10);
     while let Ok(first) = rx.recv() {
         let mut acks = vec![];
@@ -313,9 +311,9 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                 Ok(()) if failing => {
                     cut_room = 0;
                     failing = false;
-                    let mut q = shared.notices.lock().unwrap_or_else(|p| p.into_inner());
-                    recovery = Some((shared.drains.load(Ordering::Relaxed), q.len(), lost));
-                    q.push(Notice::Recovered {
+                    let mut q = shared.notices();
+                    recovery = Some((q.taken, q.queue.len()));
+                    q.queue.push(Notice::Recovered {
                         output: name.clone(),
                         dropped: lost,
                     });
@@ -330,22 +328,18 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                     // (Not a reader gone for good: that is news of its own.)
                     let taken_back = !failing
                         && !closed
-                        && recovery.take().is_some_and(|(drain, at, dropped)| {
-                            let mut q = shared.notices.lock().unwrap_or_else(|p| p.into_inner());
-                            let queued = shared.drains.load(Ordering::Relaxed) == drain
-                                && q.len() == at + 1
-                                && matches!(q.last(), Some(Notice::Recovered { .. }));
-                            if queued {
-                                q.pop();
+                        && recovery.take().is_some_and(|(taken, at)| {
+                            let mut q = shared.notices();
+                            // Not taken, and nothing queued after it: still the last one.
+                            if q.taken != taken || q.queue.len() != at + 1 {
+                                return false;
+                            }
+                            if let Some(Notice::Recovered { dropped, .. }) = q.queue.pop() {
                                 lost += dropped;
                             }
-                            queued
+                            true
                         });
-                    if taken_back {
-                        failing = true;
-                    }
-                    if !failing {
-                        failing = true;
+                    if !failing && !taken_back {
                         let error = if closed {
                             format!("{e}: the reader went away; nothing more is written there")
                         } else {
@@ -356,6 +350,7 @@ fn write_lines(rx: mpsc::Receiver<Msg>, mut w: Writer, shared: Arc<Shared>, name
                             error,
                         });
                     }
+                    failing = true;
                 }
             }
         } else if closed {

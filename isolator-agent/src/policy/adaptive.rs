@@ -3719,15 +3719,8 @@ mod tests {
         // Then each cycle, the transition too (the writer's rate fell within it on the
         // test disk), reads 0.8-0.88 of the target.
         for _ in 0..NOISE_WINDOW {
-            disk.knee_scale = (50..3000)
-                .map(|k| f64::from(k) / 1000.0)
-                .find(|&k| {
-                    let mut next = disk.clone();
-                    next.knee_scale = k;
-                    let c = next.step();
-                    let f = c.services[0].p999_ns.unwrap() as f64 / 5e6;
-                    (0.8..0.88).contains(&f)
-                })
+            disk.knee_scale = disk
+                .knee_scale_for_next(50..3000, 0.8..0.88)
                 .expect("a knee that puts the reader at 0.8-0.88");
             let h = disk.run(&mut p, 1);
             assert!(h[0].1.is_empty(), "back at {good}, then {:?}", h[0].1);

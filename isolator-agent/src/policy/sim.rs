@@ -367,15 +367,43 @@ impl SimDisk {
         ahead: u64,
         fraction: std::ops::Range<f64>,
     ) -> Option<f64> {
+        self.scale_where(per_mille, fraction, |k| {
+            let mut probe = SimDisk::new(self.services.clone());
+            probe.smooth_curve = self.smooth_curve;
+            probe.cycle = self.cycle + ahead;
+            probe.knee_scale = k;
+            probe
+        })
+    }
+
+    /// As [`SimDisk::knee_scale_for`], for the next cycle as this disk will run it: a
+    /// transition after a change included (the rates of the cycle before still passing),
+    /// the noise and a stall not.
+    pub fn knee_scale_for_next(
+        &self,
+        per_mille: impl IntoIterator<Item = u32>,
+        fraction: std::ops::Range<f64>,
+    ) -> Option<f64> {
+        self.scale_where(per_mille, fraction, |k| {
+            let mut probe = self.clone();
+            probe.knee_scale = k;
+            probe.noise_seed = None;
+            probe.stall_ns = 0.0;
+            probe
+        })
+    }
+
+    fn scale_where(
+        &self,
+        per_mille: impl IntoIterator<Item = u32>,
+        fraction: std::ops::Range<f64>,
+        probe_at: impl Fn(f64) -> SimDisk,
+    ) -> Option<f64> {
         per_mille
             .into_iter()
             .map(|k| f64::from(k) / 1000.0)
             .find(|&k| {
-                let mut probe = SimDisk::new(self.services.clone());
-                probe.smooth_curve = self.smooth_curve;
-                probe.cycle = self.cycle + ahead;
-                probe.knee_scale = k;
-                let first = &probe.step().services[0];
+                let first = &probe_at(k).step().services[0];
                 let target = first
                     .slo_ns()
                     .expect("the first service has a latency target");
