@@ -463,6 +463,11 @@ impl Agent {
             metrics: metrics.as_ref().map(|l| l.address().to_string()),
         }));
         for e in &early_events {
+            // The stream may go to a file or a pipeline: what start-up found missing (no
+            // Docker, untimed waits) also reaches the operator at the terminal.
+            if let Event::Warning(n) = e {
+                tracing::warn!(code = %n.code, "{}", n.message);
+            }
             sink.emit(e);
         }
         if let Some(c) = control.as_mut() {
