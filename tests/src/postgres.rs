@@ -722,15 +722,20 @@ pub enum IoTargetBasis {
     },
     /// The same ratio near the SLO: under the highest static cap whose run kept pgbench's
     /// SLO (at most one window in five over), the level the reads' per-cycle p99.9 stayed
-    /// under in nine steady cycles in ten (the agent's own bar) over pgbench's steady
-    /// p99.9. What an operator who watched the database meet its SLO under load would set.
+    /// under in nine steady cycles in ten (the agent's own bar) over the level pgbench's
+    /// per-window p99.9 stayed under in nine windows in ten (like for like: its SLO is
+    /// judged per window, and the p99.9 of the whole phase is one stalled window's; run BE:
+    /// windows of 13.4-20.1 ms and one of 78.2 ms put the whole phase at 57.6 ms, and the
+    /// target at the 0.4 floor, 7.2 ms, where static 200 MB/s kept pgbench's 18 ms SLO
+    /// with every cycle over it). What an operator who watched the database meet its SLO
+    /// under load would set.
     /// Not that level itself: the top cap of a sweep may leave pgbench well within its SLO
     /// (run AK: 7.27 ms there with pgbench at 6.8-10.5 ms against 12), and a target at it
     /// holds the writer under that cap by construction.
     UnderCap {
         cap_mbps: u64,
         reads_p90_ms: f64,
-        pgbench_p999_ms: f64,
+        pgbench_p90_window_ms: f64,
     },
 }
 
@@ -754,12 +759,12 @@ impl std::fmt::Display for IoTarget {
             IoTargetBasis::UnderCap {
                 cap_mbps,
                 reads_p90_ms,
-                pgbench_p999_ms,
+                pgbench_p90_window_ms,
             } => write!(
                 f,
                 "under static {cap_mbps} MB/s, the highest cap that kept pgbench's SLO, the \
                  reads' p99.9 under {reads_p90_ms:.2} ms in nine steady cycles in ten, \
-                 pgbench {pgbench_p999_ms:.2} ms)"
+                 pgbench's under {pgbench_p90_window_ms:.2} ms in nine windows in ten)"
             ),
         }
     }
@@ -843,14 +848,16 @@ impl Calibration {
             .filter(|(_, run)| run.keeps_slo(PHASES, self.slo_ms))
             .max_by_key(|(cap, _)| *cap)?;
         let reads_p90_ms = nine_in_ten(&steady_reads_ms(run))?;
-        let pgbench_p999_ms = pgbench_steady_ms(run)?;
+        let mut windows_ms = run.windows_ms(PHASES);
+        windows_ms.sort_by(f64::total_cmp);
+        let pgbench_p90_window_ms = nine_in_ten(&windows_ms).filter(|&ms| ms > 0.0)?;
         Some(self.io_target(
             IoTargetBasis::UnderCap {
                 cap_mbps: *cap_mbps,
                 reads_p90_ms,
-                pgbench_p999_ms,
+                pgbench_p90_window_ms,
             },
-            reads_p90_ms / pgbench_p999_ms,
+            reads_p90_ms / pgbench_p90_window_ms,
         ))
     }
 }

@@ -17,7 +17,8 @@
 //! benchmark), at most one window in five over; the agent's target for the database's
 //! block I/O is a share of that, measured once per run before the repeats under the
 //! highest static cap that kept pgbench's SLO (each cap run once for it): the level the
-//! reads stayed under in nine cycles in ten over pgbench's p99.9 there, 0.4-1.0 of the SLO
+//! reads stayed under in nine cycles in ten over the level pgbench's per-window p99.9
+//! stayed under in nine windows in ten there, 0.4-1.0 of the SLO
 //! (`postgres::IoTargetBasis::UnderCap`; the agent keeps its own margin under its target).
 //!
 //! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
