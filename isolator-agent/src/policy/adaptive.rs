@@ -3721,23 +3721,33 @@ mod tests {
         );
     }
 
+    /// The pair up to its first raise from a cap that held, the raise broken at 1.3-1.6 of
+    /// the target, and the policy's fall-back to that cap decided: (disk, policy, cap).
+    fn back_from_a_broken_probe() -> (SimDisk, Adaptive, u64) {
+        let mut disk = pair();
+        let mut p = Adaptive::default();
+        let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
+        disk.knee_scale = disk
+            .knee_scale_for((100..3000).rev(), 0, 1.3..1.6)
+            .expect("a knee that breaks the raise");
+        let raised_at = disk.cycle;
+        while writer_cap(&disk) != Some(good) {
+            disk.run(&mut p, 1);
+            assert!(
+                disk.cycle < raised_at + 10,
+                "raised {good} -> {raised}, never back"
+            );
+        }
+        (disk, p, good)
+    }
+
     /// A fall-back's first cycle under a knee it measured says whether the next probe has
     /// room: at 0.8-0.88 of the target under a cap whose raise read 1.3-1.6 (CI's
     /// noisy-neighbor test: 0.86 under 410 MB/s, 1.46 at 821), the line to the knee reaches
     /// [`PROBE_AIM`] under the cap, and no half-way probe is made on that cycle or after.
     #[test]
     fn a_fall_back_that_runs_close_to_the_target_is_not_probed_half_way() {
-        let mut disk = pair();
-        let mut p = Adaptive::default();
-        let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
-        // The raise breaks at 1.3-1.6.
-        disk.knee_scale = disk
-            .knee_scale_for((100..3000).rev(), 0, 1.3..1.6)
-            .expect("a knee that breaks the raise");
-        while writer_cap(&disk) != Some(good) {
-            disk.run(&mut p, 1);
-            assert!(disk.cycle < 40, "raised {good} -> {raised}, never back");
-        }
+        let (mut disk, mut p, good) = back_from_a_broken_probe();
         // Then each cycle, the transition too (the writer's rate fell within it on the
         // test disk), reads 0.8-0.88 of the target.
         for _ in 0..NOISE_WINDOW {
@@ -3756,20 +3766,7 @@ mod tests {
     /// row).
     #[test]
     fn a_fall_back_that_breaks_the_target_in_its_first_full_cycle_is_cut() {
-        let mut disk = pair();
-        let mut p = Adaptive::default();
-        let (good, raised) = up_to_a_probe(&mut disk, &mut p, |_, _| true);
-        disk.knee_scale = disk
-            .knee_scale_for((100..3000).rev(), 0, 1.3..1.6)
-            .expect("a knee that breaks the raise");
-        let raised_at = disk.cycle;
-        while writer_cap(&disk) != Some(good) {
-            disk.run(&mut p, 1);
-            assert!(
-                disk.cycle < raised_at + 10,
-                "raised {good} -> {raised}, never back"
-            );
-        }
+        let (mut disk, mut p, good) = back_from_a_broken_probe();
         // The transition (no change may follow a change at once), then the first full
         // cycle back at `good`, both just over the target.
         let mut cut = None;
