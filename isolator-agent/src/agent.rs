@@ -463,8 +463,8 @@ impl Agent {
             metrics: metrics.as_ref().map(|l| l.address().to_string()),
         }));
         for e in &early_events {
-            // The stream may go to a file or a pipeline: what start-up found missing (no
-            // Docker, untimed waits) also reaches the operator at the terminal.
+            // The stream may go to a file or a pipeline: what start-up found missing (the
+            // memlock rlimit, untimed waits, the socket taken) also reaches the terminal.
             if let Event::Warning(n) = e {
                 tracing::warn!(code = %n.code, "{}", n.message);
             }

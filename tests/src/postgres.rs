@@ -723,12 +723,10 @@ pub enum IoTargetBasis {
     /// The same ratio near the SLO: under the highest static cap whose run kept pgbench's
     /// SLO (at most one window in five over), the level the reads' per-cycle p99.9 stayed
     /// under in nine steady cycles in ten (the agent's own bar) over the level pgbench's
-    /// per-window p99.9 stayed under in nine windows in ten (like for like: its SLO is
-    /// judged per window, and the p99.9 of the whole phase is one stalled window's; run BE:
-    /// windows of 13.4-20.1 ms and one of 78.2 ms put the whole phase at 57.6 ms, and the
-    /// target at the 0.4 floor, 7.2 ms, where static 200 MB/s kept pgbench's 18 ms SLO
-    /// with every cycle over it). What an operator who watched the database meet its SLO
-    /// under load would set.
+    /// per-window p99.9 stayed under in nine windows in ten: like for like, as its SLO is
+    /// judged per window (the whole phase's p99.9 is one stalled window's: in run BE one
+    /// of 78 ms among 13-20 put the target at the 0.4 floor). What an operator who watched
+    /// the database meet its SLO under load would set.
     /// Not that level itself: the top cap of a sweep may leave pgbench well within its SLO
     /// (run AK: 7.27 ms there with pgbench at 6.8-10.5 ms against 12), and a target at it
     /// holds the writer under that cap by construction.

@@ -268,8 +268,9 @@ const STALL_MAX_WINDOW: usize = 3;
 /// that comes and goes is not for ever.
 const STALL_MAX_WINDOW_BEYOND_FULL_LOAD: usize = 4;
 /// Share of its cap over which a capped service's cycle is not one of a fixed rate (a
-/// transition cycle still running an old, higher cap's rate).
-const STALL_OVER_CAP: f64 = 1.05;
+/// transition cycle still running an old, higher cap's rate): from [`BINDING`] to this, the
+/// cap is in force and fixes the rate.
+const FIXED_RATE_OVER_CAP: f64 = 1.05;
 /// Cycles after a raise's probe window passed in which a violation is the raise's harm
 /// even when it looks like a stall: two cycles are a short sample of a cap near a cliff.
 /// Seen in CI (8014f12, the random-read scenario): a line probe to 219 MB/s passed its two
@@ -688,7 +689,7 @@ impl DeviceLoad {
         let fixed = binding
             && capped
                 .iter()
-                .all(|&(s, r)| r <= STALL_OVER_CAP && d.cycle >= window_start(s));
+                .all(|&(s, r)| r <= FIXED_RATE_OVER_CAP && d.cycle >= window_start(s));
         DeviceLoad {
             cycle: d.cycle,
             rates,
@@ -1819,8 +1820,8 @@ impl Adaptive {
                 .and_then(|st| st.budget_cut)
                 .filter(|b| b.to == cap && d.cycle < b.cycle + NOISE_WINDOW);
             // A fall-back's cap held before the probe, but the disk may have slowed since:
-            // violated in its first full cycle, the aggressor held at it (in force, at
-            // [`BINDING`] or more) and nothing else on the device changed since, it is
+            // violated in its first full cycle, the aggressor held at it (in force, its
+            // rate fixed) and nothing else on the device changed since, it is
             // stale, and waiting for a second violation costs a cycle the budget does not
             // have. Seen in CI (the container noisy neighbor, target 6 ms): a fall-back to
             // 229 MB/s, which had run the reader at 0.14 of its target, read 7.9 and 7.8 ms
@@ -1834,7 +1835,7 @@ impl Adaptive {
             let stale_fall_back = fell_back_at.is_some_and(|c| {
                 d.cycle == from
                     && regime_start(d) <= d.cycle
-                    && (cap as f64 * BINDING..=cap as f64 * 1.05).contains(&a.bps())
+                    && (BINDING..=FIXED_RATE_OVER_CAP).contains(&(a.bps() / cap as f64))
                     && !loads.is_some_and(|l| l.is_stall(c))
             });
             let tolerated = match (plateau, after_cut.is_some() || stale_fall_back) {
@@ -1892,7 +1893,7 @@ impl Adaptive {
         // seen: 259 MB/s through a 226 MB/s cap in its first cycle, 5.8 ms against 5) is not
         // yet measured: a marginal violation under it waits a cycle.
         if let Some(cap) = a.limit.total_bps() {
-            let not_in_force = a.bps() > cap as f64 * 1.05;
+            let not_in_force = a.bps() > cap as f64 * FIXED_RATE_OVER_CAP;
             if not_in_force && (l as f64) <= slo as f64 * MARGINAL {
                 return vec![];
             }
