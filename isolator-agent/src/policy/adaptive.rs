@@ -1880,7 +1880,17 @@ impl Adaptive {
             } else if stale_fall_back {
                 "in the first full cycle back under the cap that held before the raise: the disk has slowed since".to_string()
             } else {
-                format!("twice in {NOISE_WINDOW} cycles under this cap")
+                // Says how many: on a plateau the cut comes at the third, not the second.
+                let times = match under_cap {
+                    2 => "twice".to_string(),
+                    n => format!("{n} times"),
+                };
+                let plateau = if plateau {
+                    " (on a plateau, where two in ten are the disk's own scatter)"
+                } else {
+                    ""
+                };
+                format!("{times} in {NOISE_WINDOW} cycles under this cap{plateau}")
             };
             let why = format!(
                 "{} violated its SLO {broke}: cut to {:.0} %",
@@ -2779,6 +2789,10 @@ impl Policy for Adaptive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the reason of a cut for a broken one-in-ten budget says, however many
+    /// violations it counted.
+    const BUDGET_CUT: &str = " in 10 cycles under this cap";
     use crate::policy::sim::{SimDisk, SimService};
 
     /// The windows of BENCHMARKS run AF that the scatter model trimmed (fractions of the
@@ -3074,7 +3088,7 @@ mod tests {
             .find_map(|_| {
                 let (_, ds) = disk.run(&mut p, 1).remove(0);
                 ds.iter()
-                    .find(|d| d.reason.contains("twice in"))
+                    .find(|d| d.reason.contains(BUDGET_CUT))
                     .and_then(|d| d.to)
             })
             .expect("no cut for the broken budget: the test saw nothing");
@@ -4381,7 +4395,7 @@ mod tests {
         assert!(c.services[0].violating(), "the slowdown broke nothing");
         assert!(c.cycle < failed + NOISE_WINDOW);
         assert!(
-            ds.iter().all(|d| !d.reason.contains("twice in")),
+            ds.iter().all(|d| !d.reason.contains(BUDGET_CUT)),
             "a violation of {prober}'s failed probe at cycle {failed} was held against \
              {other}'s settled cap: {ds:?}"
         );
@@ -4642,7 +4656,7 @@ mod tests {
                 (0..80).find_map(|_| {
                     let (c, ds) = disk.run(&mut p, 1).remove(0);
                     let (total, n) = capped_total(&c);
-                    let cut = ds.iter().any(|d| d.reason.contains("twice in"));
+                    let cut = ds.iter().any(|d| d.reason.contains(BUDGET_CUT));
                     (cut && n == 2).then(|| (total, c.cycle, p.devices[&1].total_knee))
                 })
             })
