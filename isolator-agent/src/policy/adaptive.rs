@@ -1879,6 +1879,12 @@ impl Adaptive {
                 "again under the cap its broken budget set".to_string()
             } else if stale_fall_back {
                 "in the first full cycle back under the cap that held before the raise: the disk has slowed since".to_string()
+            } else if under_cap <= tolerated {
+                // Within the budget's count, but far over the target: no scatter.
+                format!(
+                    "at {:.1} times its target under this cap",
+                    l as f64 / slo as f64
+                )
             } else {
                 // Says how many: on a plateau the cut comes at the third, not the second.
                 let times = match under_cap {

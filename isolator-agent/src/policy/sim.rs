@@ -1435,7 +1435,31 @@ mod tests {
             "cut {cap} -> {to}"
         );
         assert!(
-            d[0].reason.contains(" in 10 cycles under this cap"),
+            d[0].reason.contains("twice in 10 cycles under this cap"),
+            "{}",
+            d[0].reason
+        );
+    }
+
+    /// One violating cycle far over the target (more than three times it) is no scatter: a
+    /// settled cap is cut at once, and the reason says why (not "twice in 10 cycles").
+    #[test]
+    fn a_settled_cap_is_cut_at_one_violation_far_over_the_target_and_says_so() {
+        let mut disk = noisy_pair(5.0);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 100);
+        let cap = disk.services[1].limit.wbps.expect("capped");
+        disk.knee_scale = disk
+            .knee_scale_for((200..1000).rev(), 0, 3.5..6.0)
+            .expect("a slowdown that puts the reader at 3.5-6 times its target");
+        let (c, d) = disk.run(&mut p, 1).remove(0);
+        let f = c.services[0].p999_ns.unwrap() as f64 / 5e6;
+        assert!(f > 3.0, "the cycle at {f:.2} of the target");
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].to.is_some_and(|to| to < cap), "{d:?}");
+        assert!(
+            d[0].reason.contains(" times its target under this cap")
+                && !d[0].reason.contains(" in 10 cycles"),
             "{}",
             d[0].reason
         );
