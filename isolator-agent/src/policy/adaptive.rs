@@ -267,6 +267,10 @@ const STALL_MAX_WINDOW: usize = 3;
 /// one cycle in three to six (BENCHMARKS run V, PostgreSQL repeat 1) is told through, harm
 /// that comes and goes is not for ever.
 const STALL_MAX_WINDOW_BEYOND_FULL_LOAD: usize = 4;
+/// What the reason of a settled cap's cut for a broken one-in-[`NOISE_WINDOW`] budget says,
+/// however many violations it counted (see `throttle`): what tests look for.
+#[cfg(test)]
+pub(super) const BUDGET_CUT_REASON: &str = " in 10 cycles under this cap";
 /// Share of its cap over which a capped service's cycle is not one of a fixed rate (a
 /// transition cycle still running an old, higher cap's rate): from [`BINDING`] to this, the
 /// cap is in force and fixes the rate.
@@ -1891,12 +1895,12 @@ impl Adaptive {
                     2 => "twice".to_string(),
                     n => format!("{n} times"),
                 };
-                let plateau = if plateau {
+                let why_tolerated = if plateau {
                     " (on a plateau, where two in ten are the disk's own scatter)"
                 } else {
                     ""
                 };
-                format!("{times} in {NOISE_WINDOW} cycles under this cap{plateau}")
+                format!("{times} in {NOISE_WINDOW} cycles under this cap{why_tolerated}")
             };
             let why = format!(
                 "{} violated its SLO {broke}: cut to {:.0} %",
@@ -2795,10 +2799,6 @@ impl Policy for Adaptive {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// What the reason of a cut for a broken one-in-ten budget says, however many
-    /// violations it counted.
-    const BUDGET_CUT: &str = " in 10 cycles under this cap";
     use crate::policy::sim::{SimDisk, SimService};
 
     /// The windows of BENCHMARKS run AF that the scatter model trimmed (fractions of the
@@ -3094,7 +3094,7 @@ mod tests {
             .find_map(|_| {
                 let (_, ds) = disk.run(&mut p, 1).remove(0);
                 ds.iter()
-                    .find(|d| d.reason.contains(BUDGET_CUT))
+                    .find(|d| d.reason.contains(BUDGET_CUT_REASON))
                     .and_then(|d| d.to)
             })
             .expect("no cut for the broken budget: the test saw nothing");
@@ -4401,7 +4401,7 @@ mod tests {
         assert!(c.services[0].violating(), "the slowdown broke nothing");
         assert!(c.cycle < failed + NOISE_WINDOW);
         assert!(
-            ds.iter().all(|d| !d.reason.contains(BUDGET_CUT)),
+            ds.iter().all(|d| !d.reason.contains(BUDGET_CUT_REASON)),
             "a violation of {prober}'s failed probe at cycle {failed} was held against \
              {other}'s settled cap: {ds:?}"
         );
@@ -4662,7 +4662,7 @@ mod tests {
                 (0..80).find_map(|_| {
                     let (c, ds) = disk.run(&mut p, 1).remove(0);
                     let (total, n) = capped_total(&c);
-                    let cut = ds.iter().any(|d| d.reason.contains(BUDGET_CUT));
+                    let cut = ds.iter().any(|d| d.reason.contains(BUDGET_CUT_REASON));
                     (cut && n == 2).then(|| (total, c.cycle, p.devices[&1].total_knee))
                 })
             })

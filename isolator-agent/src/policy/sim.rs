@@ -1134,7 +1134,7 @@ mod tests {
         );
         assert!(
             d.iter().any(|d| d.to.is_some_and(|to| to < cap)
-                && d.reason.contains(" in 10 cycles under this cap")),
+                && d.reason.contains(super::adaptive::BUDGET_CUT_REASON)),
             "the violation after four stalls in ten cut nothing: {d:?}"
         );
     }
@@ -1168,7 +1168,7 @@ mod tests {
             );
             assert!(d[0].to.unwrap() < cap, "{cap} -> {:?}", d[0].to);
             assert!(
-                d[0].reason.contains(" in 10 cycles under this cap"),
+                d[0].reason.contains(super::adaptive::BUDGET_CUT_REASON),
                 "{slo_ms} ms: {}",
                 d[0].reason
             );
@@ -1408,10 +1408,7 @@ mod tests {
 
     #[test]
     fn adaptive_keeps_a_settled_cap_through_one_violating_cycle_in_ten_and_cuts_at_two() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 100);
-        let cap = disk.services[1].limit.wbps.expect("capped");
+        let (mut disk, mut p, cap) = settled_writer_after(100);
         // One slow cycle of the disk (p99.9 over the target, under twice it): the cap holds.
         disk.knee_scale = 0.85;
         let h = disk.run(&mut p, 1);
@@ -1435,7 +1432,8 @@ mod tests {
             "cut {cap} -> {to}"
         );
         assert!(
-            d[0].reason.contains("twice in 10 cycles under this cap"),
+            d[0].reason
+                .contains(&format!("twice{}", super::adaptive::BUDGET_CUT_REASON)),
             "{}",
             d[0].reason
         );
@@ -1445,10 +1443,7 @@ mod tests {
     /// settled cap is cut at once, and the reason says why (not "twice in 10 cycles").
     #[test]
     fn a_settled_cap_is_cut_at_one_violation_far_over_the_target_and_says_so() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 100);
-        let cap = disk.services[1].limit.wbps.expect("capped");
+        let (mut disk, mut p, cap) = settled_writer_after(100);
         disk.knee_scale = disk
             .knee_scale_for((200..1000).rev(), 0, 3.5..6.0)
             .expect("a slowdown that puts the reader at 3.5-6 times its target");
@@ -1467,10 +1462,7 @@ mod tests {
 
     #[test]
     fn adaptive_trims_a_settled_cap_whose_window_p999_runs_close_to_the_target() {
-        let mut disk = noisy_pair(5.0);
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 100);
-        let cap = disk.services[1].limit.wbps.expect("capped");
+        let (mut disk, mut p, cap) = settled_writer_after(100);
         // The disk slows a little: every cycle's p99.9 at 90-100 % of the target, none
         // over it.
         let scale = disk
