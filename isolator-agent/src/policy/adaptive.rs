@@ -236,8 +236,8 @@ const FIT_MIN_CYCLES: usize = 8;
 const FIT_MIN_SPREAD: f64 = 0.05;
 /// Below this slope of log p99.9 against log cap, a cut buys almost nothing: the p99.9
 /// sits on a plateau (a writer's at 300-700 MB/s on the test disk) and its scatter is the
-/// disk's own, which no cap fixes. Budget trims are skipped there; clear violations still
-/// cut.
+/// disk's own, which no cap fixes. Budget trims (made before any violation) are skipped
+/// there; the budget's second violation in ten still cuts, as anywhere.
 const FUTILE_SLOPE: f64 = 0.5;
 /// A violating cycle whose worst p99.9 fraction is this many times the level of the recent
 /// cycles under the same or higher caps, and [`STALL_SIGMAS`] of their scatter over it, and
@@ -1801,19 +1801,6 @@ impl Adaptive {
                 .filter(|&&c| c >= from && !stalls.contains(&c) && !h.probe_owned(c))
                 .count();
             let under_cap = if excused { harm } else { harm + stalls.len() };
-            // On a plateau two violations in ten are the disk's own scatter (a cut would
-            // not lower the p99.9), three are not. A flat fit with the cap's other cycles far
-            // under the target is the foot of a cliff, not a plateau the target sits on (a
-            // random-read scan's on the test disk: 0.2 of the target at every cap up to the
-            // knee, violations there at 2-9 times).
-            let at_foot_of_cliff = mean_log(h.logs_since(from).filter(|&x| x < 0.0))
-                .is_some_and(|(mean, _)| mean < KNEE_DOUBT.ln());
-            let plateau = !at_foot_of_cliff
-                && self
-                    .searches
-                    .get(&(d.dev, a.id))
-                    .and_then(Search::slope)
-                    .is_some_and(|k| k < FUTILE_SLOPE);
             // Under a cap a budget cut set, the budget is still spent while the violations
             // that broke it are in the window: the next violation is the cut's failure, not
             // scatter. Seen in CI (the container noisy neighbor, target 6 ms): cuts of 14,
@@ -1842,11 +1829,12 @@ impl Adaptive {
                     && (BINDING..=FIXED_RATE_OVER_CAP).contains(&(a.bps() / cap as f64))
                     && !loads.is_some_and(|l| l.is_stall(c))
             });
-            let tolerated = match (plateau, after_cut.is_some() || stale_fall_back) {
-                (true, _) => 2,
-                (false, false) => 1,
-                (false, true) => 0,
-            };
+            // One violation in ten is the budget, where the fitted slope reads flat too: a
+            // second there was tolerated as the disk's own scatter once, and BENCHMARKS run
+            // BG (writer, repeat 2) ran 9 of 49 steady cycles over at 691 MB/s on a plateau
+            // whose foot (static 400: 0.1-0.8 of the target) no cut had tried. Where the
+            // scatter is the disk's own at every cap, no static cap keeps the budget either.
+            let tolerated = usize::from(after_cut.is_none() && !stale_fall_back);
             if under_cap <= tolerated && l <= 3 * slo {
                 return self.trim(d, a, cause).unwrap_or_default();
             }
@@ -1890,17 +1878,12 @@ impl Adaptive {
                     l as f64 / slo as f64
                 )
             } else {
-                // Says how many: on a plateau the cut comes at the third, not the second.
+                // Says how many: stalls past their excuse count too.
                 let times = match under_cap {
                     2 => "twice".to_string(),
                     n => format!("{n} times"),
                 };
-                let why_tolerated = if plateau {
-                    " (on a plateau, where two in ten are the disk's own scatter)"
-                } else {
-                    ""
-                };
-                format!("{times} in {NOISE_WINDOW} cycles under this cap{why_tolerated}")
+                format!("{times} in {NOISE_WINDOW} cycles under this cap")
             };
             let why = format!(
                 "{} violated its SLO {broke}: cut to {:.0} %",
@@ -3076,6 +3059,42 @@ mod tests {
         assert!(
             h[3].1.iter().any(|d| d.to.is_some_and(|to| to < cap)),
             "the second violation in ten under {cap} cut nothing: {:?}",
+            h[3].1
+        );
+    }
+
+    /// On a plateau the target sits on (the fit flat at 0.85 of the target from half this
+    /// cap to twice it), the budget is still one violating cycle in ten: the second cuts
+    /// the settled cap, as anywhere. Seen on the test disk (BENCHMARKS run BG, writer,
+    /// repeat 2): the reader at 0.8-0.9 of its target with the writer anywhere from 548 to
+    /// 1569 MB/s; its two violations in ten were tolerated as the disk's own scatter, and 9
+    /// of 49 steady cycles violated at 691 MB/s, where a static 400 MB/s kept the budget.
+    #[test]
+    fn on_a_plateau_two_violations_in_ten_cut_a_settled_cap() {
+        let (mut disk, mut p, cap) = settled_pair();
+        let calm = disk.knee_scale;
+        let st = p.searches.get_mut(&(1, 1)).expect("searched");
+        st.fit = (0..FIT_CYCLES)
+            .map(|i| {
+                let x = cap as f64 / 2.0 * 4f64.powf(i as f64 / (FIT_CYCLES - 1) as f64);
+                (x.ln(), 0.85f64.ln())
+            })
+            .collect();
+        assert!(st.slope().is_some_and(|k| k < FUTILE_SLOPE));
+        // Two cycles of the plateau's scatter just over the target, three cycles apart.
+        let over = scale_for(&disk, 1.03, 1.1);
+        let mut h = vec![];
+        for slow in [true, false, false, true] {
+            disk.knee_scale = if slow { over } else { calm };
+            h.extend(disk.run(&mut p, 1));
+        }
+        assert!(h[0].0.services[0].violating() && h[3].0.services[0].violating());
+        assert!(h[..3].iter().all(|(_, d)| d.is_empty()), "{h:?}");
+        assert!(
+            h[3].1
+                .iter()
+                .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains(BUDGET_CUT_REASON)),
+            "the second violation in ten under {cap} on a plateau cut nothing: {:?}",
             h[3].1
         );
     }
