@@ -3017,6 +3017,20 @@ mod tests {
             .expect("no raise toward the far knee: the test saw nothing")
     }
 
+    /// The disk slows so that the settled cap runs the reader just over its target; runs
+    /// until the cut for the broken budget (at most [`NOISE_WINDOW`] cycles): its cap.
+    fn budget_cut_after_a_slowdown(disk: &mut SimDisk, p: &mut Adaptive) -> u64 {
+        disk.knee_scale = scale_for(disk, 1.03, 1.1);
+        (0..NOISE_WINDOW)
+            .find_map(|_| {
+                let (_, ds) = disk.run(p, 1).remove(0);
+                ds.iter()
+                    .find(|d| d.reason.contains(BUDGET_CUT_REASON))
+                    .and_then(|d| d.to)
+            })
+            .expect("no cut for the broken budget: the test saw nothing")
+    }
+
     /// The knee scale at which the writer at its current cap puts the reader at `lo..hi` of
     /// its target.
     fn scale_for(disk: &SimDisk, lo: f64, hi: f64) -> f64 {
@@ -3077,15 +3091,7 @@ mod tests {
     #[test]
     fn a_budget_cut_that_held_is_not_cut_again_at_one_violation() {
         let (mut disk, mut p, cap) = settled_pair();
-        disk.knee_scale = scale_for(&disk, 1.03, 1.1);
-        let cut = (0..NOISE_WINDOW)
-            .find_map(|_| {
-                let (_, ds) = disk.run(&mut p, 1).remove(0);
-                ds.iter()
-                    .find(|d| d.reason.contains(BUDGET_CUT_REASON))
-                    .and_then(|d| d.to)
-            })
-            .expect("no cut for the broken budget: the test saw nothing");
+        let cut = budget_cut_after_a_slowdown(&mut disk, &mut p);
         assert!(cut < cap);
         // The slow spell over: the cut's cap runs the reader at a fifth of its target.
         disk.knee_scale = disk
@@ -3161,16 +3167,7 @@ mod tests {
     #[test]
     fn a_budget_cut_that_does_not_hold_is_cut_again_at_the_next_violation() {
         let (mut disk, mut p, cap) = settled_pair();
-        // The disk slows: the settled cap runs the reader just over its target.
-        disk.knee_scale = scale_for(&disk, 1.03, 1.1);
-        let first = (0..NOISE_WINDOW)
-            .find_map(|_| {
-                let (_, ds) = disk.run(&mut p, 1).remove(0);
-                ds.iter()
-                    .find(|d| d.reason.contains(BUDGET_CUT_REASON))
-                    .and_then(|d| d.to)
-            })
-            .expect("no cut for the broken budget: the test saw nothing");
+        let first = budget_cut_after_a_slowdown(&mut disk, &mut p);
         assert!(first < cap);
         // Slower still: the cut's cap runs it just over its target too.
         disk.knee_scale = scale_for(&disk, 1.03, 1.1);
