@@ -1302,6 +1302,12 @@ fn mean_log(logs: impl Iterator<Item = f64>) -> Option<(f64, usize)> {
     (n > 0).then(|| (sum / n as f64, n))
 }
 
+/// Whether a level (a mean log fraction and its cycles, as [`mean_log`]) runs far under every
+/// target ([`KNEE_DOUBT`]) over at least a probe window.
+fn far_under(level: Option<(f64, usize)>) -> bool {
+    level.is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln())
+}
+
 /// The device's only service with a limit, when no other service's limit changed last
 /// cycle: this cycle's latency then shows that cap's harm alone. With two aggressors
 /// doubling, a one-cycle pass in one's transition let the other raise there, and a
@@ -1811,13 +1817,12 @@ impl Adaptive {
             // repeat 3): cuts to 255 and 178 MB/s ran the reader at 0.17-0.34 of its target,
             // and one cycle at 1.09 under each cut again, down to 125 MB/s, where a static
             // 400 MB/s kept the budget in the same repeat.
-            let cut_held = mean_log(h.logs_since(from).filter(|&x| x < 0.0))
-                .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
+            let cut_held = || far_under(mean_log(h.logs_since(from).filter(|&x| x < 0.0)));
             let after_cut = self
                 .searches
                 .get(&(d.dev, a.id))
                 .and_then(|st| st.budget_cut)
-                .filter(|b| b.to == cap && d.cycle < b.cycle + NOISE_WINDOW && !cut_held);
+                .filter(|b| b.to == cap && d.cycle < b.cycle + NOISE_WINDOW && !cut_held());
             // A fall-back's cap held before the probe, but the disk may have slowed since:
             // violated in its first full cycle, the aggressor held at it (in force, its
             // rate fixed) and nothing else on the device changed since, it is
@@ -2294,9 +2299,7 @@ impl Adaptive {
         // cost a violation and two changes for 6 % more. A cap far under its knee, or far
         // under every target, is still raised at once: that is where the bandwidth is (and
         // where a disk that got faster shows).
-        let far_under_targets = h
-            .level_since(from)
-            .is_some_and(|(mean, n)| n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln());
+        let far_under_targets = far_under(h.level_since(from));
         // Far under every target but within reach of a measured knee, the wait applies
         // there too: under a broken probe's, the latency says nothing of where the wall is
         // (a writer's reads on the test disk at 2-5 % of their target up to 274 MB/s, broken
@@ -3040,9 +3043,10 @@ mod tests {
 
     /// Under a cliff (the reader flat far under its target up to the knee, then many times
     /// over it: a random-read scan's curve on the test disk), a settled cap whose fit reads
-    /// flat is no plateau the target sits on: two violations in ten cut it, as anywhere
-    /// else, not three (seen in the random-read scenario: 0.55-0.7 ms against 3 at 245 MB/s,
-    /// then 6.1, 6.5 and 10.9 ms before the cut).
+    /// flat is cut at two violations in ten, as anywhere, not three (seen in the random-read
+    /// scenario: 0.55-0.7 ms against 3 at 245 MB/s, then 6.1, 6.5 and 10.9 ms before the
+    /// cut). The plateau's case, the reader near its target at every cap, is
+    /// `on_a_plateau_two_violations_in_ten_cut_a_settled_cap`.
     #[test]
     fn under_a_cliff_two_violations_in_ten_cut_a_cap_whose_fit_reads_flat() {
         let mut disk = pair();
@@ -4095,11 +4099,8 @@ mod tests {
                         .map(|(cap, bad)| bad as f64 / cap as f64);
                     let near = knee_over_cap.is_some_and(|k| k < FAR_FROM_KNEE);
                     if raise && near && cycle > episode + SEARCH_CYCLES {
-                        let far_under_targets = p.devices[&c.dev]
-                            .level_since(window_start(&c.services[1]))
-                            .is_some_and(|(mean, n)| {
-                                n as u64 >= PROBE_CYCLES && mean < KNEE_DOUBT.ln()
-                            });
+                        let far_under_targets =
+                            far_under(p.devices[&c.dev].level_since(window_start(&c.services[1])));
                         assert!(
                             far_under_targets
                                 || knee_over_cap.is_some_and(|k| k > SETTLED_KNEE_PRECISION),
