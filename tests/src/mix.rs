@@ -168,7 +168,7 @@ pub fn run(
 ) -> Result<MixOutcome, String> {
     scenario::again_while_slow(
         mode,
-        (&files.reader, mix.db_slo_ms),
+        (&files.reader, mix.db_slo_ms as f64),
         || run_once(scratch, files, dev, mix, mode),
         |o| o.db.solo_p999_ms,
     )

@@ -57,7 +57,7 @@ writer() { /loadgen --cgroup /sys/fs/cgroup/backup --path /dev/vda --op write --
 # reader 4 s alone, then 8 s next to the uncapped writer. The SLO is 0.75 of the median of
 # its per-second p99.9s next to the writer (the agent judges seconds, and one slow second
 # pooled into a p99.9 set the SLO over every second of a CI run), and at least 3x its p99.9
-# alone (so a cap can meet it). `slo_from_cycles` is the same rule on the host.
+# alone (so a cap can meet it). `scenario::slo_from_cycles` is the same rule on a finished run, in µs.
 if [ "$slo_ms" = auto ]; then
   reader 12 /tmp/cal > /tmp/out/cal.out 2>&1 &
   CP=$!
@@ -144,7 +144,7 @@ pub fn run(disk: &VmDisk, scenario: &Scenario, mode: &Mode) -> Result<Outcome, S
 
 /// [`run`], with the reader's SLO set in the guest from its own latencies just before the
 /// run (0.75 of the median of its per-second p99.9s next to the uncapped writer, at least 3x
-/// its p99.9 alone; the outcome's `slo_ms`) in place of `scenario.slo_ms`. Under emulation
+/// its p99.9 alone; the outcome's `slo_us`) in place of `scenario.slo_us`. Under emulation
 /// the reader's p99.9 next to the writer moved between 12 and 32 ms from one run to another
 /// (it is mostly the emulated CPU under the writer's threads), so a fixed SLO is sometimes
 /// never broken; a benchmark comparing modes keeps one fixed SLO for all of them instead.
@@ -197,7 +197,7 @@ fn run_in_guest(
         if calibrate {
             "auto".to_string()
         } else {
-            scenario.slo_ms.to_string()
+            scenario.slo_ms().to_string()
         },
         scenario.solo_s,
         scenario.on_s,
@@ -254,7 +254,7 @@ fn run_in_guest(
         })?;
         eprintln!("{label}: {}", line.trim());
         &Scenario {
-            slo_ms,
+            slo_us: slo_ms * 1000,
             ..scenario.clone()
         }
     } else {
@@ -309,18 +309,6 @@ fn run_in_guest(
         file("writer.out")?.trim().replace('\n', "; ")
     );
     Ok(judged(mode, scenario, &events, &lat, &phases_ms))
-}
-
-/// The guest calibration's rule (`INIT`, `slo_ms=auto`) applied to a finished run's own
-/// cycles: 0.75 of the median per-cycle p99.9, at least 3x the reader's p99.9 alone.
-pub fn slo_from_cycles(o: &Outcome) -> u64 {
-    let mut cycles = o.p999_ms.clone();
-    cycles.sort_by(f64::total_cmp);
-    let median = cycles.get(cycles.len() / 2).copied().unwrap_or_default();
-    let solo_ms = Some(o.solo_p999_ms)
-        .filter(|x| x.is_finite())
-        .unwrap_or(0.0);
-    ((0.75 * median) as u64).max((3.0 * solo_ms) as u64 + 1)
 }
 
 /// The guest's `calibration` line (`calibration SOLO_NS CONTENDED_NS SLO_MS`): the SLO it

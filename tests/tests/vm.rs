@@ -463,12 +463,13 @@ fn cgroup_v2_io_max_control_in_a_vm_caps_the_writer_and_restores() {
         // The emulated contention moved between the calibration and the run (a CI run: 29 ms
         // pooled in the calibration, 12-18 ms a cycle in the run), so the run could not test
         // control. Once more, with the SLO from the run's own cycles next to the writer.
-        let slo_ms = vm_scenario::slo_from_cycles(&o);
+        let slo_us = scenario::slo_from_cycles(&o);
         eprintln!(
-            "the writer did not break the calibrated {} ms SLO: again at {slo_ms} ms",
-            o.slo_ms
+            "the writer did not break the calibrated {:.2} ms SLO: again at {:.2} ms",
+            o.slo_ms(),
+            slo_us as f64 / 1000.0
         );
-        let sc = Scenario { slo_ms, ..sc };
+        let sc = Scenario { slo_us, ..sc };
         o = vm_scenario::run(&disk, &sc, &adaptive).unwrap_or_else(|e| panic!("{e}"));
         scenario::print_cycles(&o);
     }
@@ -480,8 +481,8 @@ fn cgroup_v2_io_max_control_in_a_vm_caps_the_writer_and_restores() {
     assert_eq!(start["cgroup_mode"], "v2");
     assert!(
         o.hurt.first() == Some(&true),
-        "the writer never pushed the reader over its {} ms SLO in the guest: the run proves nothing ({:?})",
-        o.slo_ms, o.p999_ms
+        "the writer never pushed the reader over its {:.2} ms SLO in the guest: the run proves nothing ({:?})",
+        o.slo_ms(), o.p999_ms
     );
     assert!(
         o.events.iter().any(|e| e["type"] == "decision"

@@ -189,10 +189,9 @@ fn run() -> Result<()> {
                 }
             };
             let s = Scenario {
-                slo_ms: if on_host(n) {
-                    slo_ms.unwrap_or(s.slo_ms)
-                } else {
-                    s.slo_ms
+                slo_us: match slo_ms {
+                    Some(ms) if on_host(n) => ms * 1000,
+                    _ => s.slo_us,
                 },
                 ..s
             };
@@ -800,7 +799,7 @@ fn report(
             } else {
                 String::new()
             },
-            sc.slo_ms,
+            sc.slo_ms(),
             best_labels.join(", ")
         );
         println!();
