@@ -39,7 +39,8 @@ fn writer_scenario_adaptive_keeps_the_slo_and_the_writer_near_the_knee() {
     // fresh-clone run on 9a747ca a near miss at 77 MB/s in the first probe (4.9 ms against
     // 5) and single cycles at 1.2-1.5x the target under 137, 109 and 88 MB/s held `adaptive`
     // at 38-109 MB/s for the whole phase (78-99 MB/s steady, 6 violating cycles), while
-    // static caps 1.5x those rates broke 1. Longer, the test sees the knees re-probed.
+    // static caps 1.5x those rates broke 1. At 60 s the knees' memory expires inside the
+    // steady phase.
     let sc = Scenario::new(Aggressor::Writer, 5, 60);
     scenario::assert_controlled(|m| run(&s, &sc, m), &sc, ROUNDS, |_| {});
 }
