@@ -830,8 +830,9 @@ mod tests {
         let ci = [
             1.29, 1.72, 1.65, 1.92, 2.20, 1.62, 1.56, 1.72, 1.65, 1.52, 0.91,
         ];
-        assert_eq!(slo_us_from(&ci, 0.35), 1240); // 0.75 x the median, 1.65 ms
-                                                  // A reader slow alone: the floor, 3x its p99.9, rounded up to 10 µs.
+        // 0.75 x the median, 1.65 ms.
+        assert_eq!(slo_us_from(&ci, 0.35), 1240);
+        // A reader slow alone: the floor, 3x its p99.9, rounded up to 10 µs.
         assert_eq!(slo_us_from(&ci, 0.501), 1510);
         // No cycles next to the aggressor and no log alone: 0, which the agent's config
         // refuses ("must be greater than zero"), so the run fails saying so.
