@@ -1817,7 +1817,19 @@ impl Adaptive {
             // repeat 3): cuts to 255 and 178 MB/s ran the reader at 0.17-0.34 of its target,
             // and one cycle at 1.09 under each cut again, down to 125 MB/s, where a static
             // 400 MB/s kept the budget in the same repeat.
-            let cut_held = || far_under(mean_log(h.logs_since(from).filter(|&x| x < 0.0)));
+            // A marginal violation (within `MARGINAL`) counts the cut's transition cycle
+            // among those that met the target: the old rate's queue still passing, it ran
+            // the reader no lower than the cut's own rate will, so far under there is the
+            // cut holding too. Seen on the test disk (BENCHMARKS run BN, writer, repeat 1):
+            // a cut to 106 MB/s ran the reader at 0.36 and 0.27 of its target, and one cycle
+            // at 1.17 in the second full cycle cut it again to 74 MB/s, where it ran at
+            // 0.2-0.6. A violation past `MARGINAL` is judged on full cycles alone.
+            let held_from = if (l as f64) <= slo as f64 * MARGINAL {
+                from.saturating_sub(1)
+            } else {
+                from
+            };
+            let cut_held = || far_under(mean_log(h.logs_since(held_from).filter(|&x| x < 0.0)));
             let after_cut = self
                 .searches
                 .get(&(d.dev, a.id))
@@ -3125,6 +3137,35 @@ mod tests {
                 .any(|d| d.to.is_some_and(|to| to < cut)),
             "a second violation under the cut cut nothing: {h:?}"
         );
+    }
+
+    /// A marginal violation in the second full cycle under a budget cut whose transition and
+    /// first full cycle ran the reader far under its target is the disk's scatter: the cap
+    /// stays. One far over the target there is still the cut's failure. Seen on the test
+    /// disk (BENCHMARKS run BN, writer, repeat 1): a cut to 106 MB/s, the reader at 0.36 and
+    /// 0.27 of its target, cut again to 74 MB/s at one cycle at 1.17.
+    #[test]
+    fn a_marginal_violation_right_after_a_budget_cut_that_runs_far_under_cuts_nothing() {
+        for (over, cuts) in [(1.03..1.1, false), (1.5..1.7, true)] {
+            let (mut disk, mut p, cap) = settled_pair();
+            let cut = budget_cut_after_a_slowdown(&mut disk, &mut p);
+            assert!(cut < cap);
+            // The slow spell over: the transition and the first full cycle far under.
+            disk.knee_scale = disk
+                .knee_scale_for_next((1000..20000).step_by(50), 0.15..0.3)
+                .expect("a faster disk that puts the reader at a fifth of its target");
+            let held = disk.run(&mut p, PROBE_CYCLES);
+            assert!(held.iter().all(|(_, d)| d.is_empty()), "{held:?}");
+            disk.knee_scale = disk.knee_scale_for(100..2000, 5, over.clone()).unwrap();
+            let (c, ds) = disk.run(&mut p, 1).remove(0);
+            assert!(c.services[0].violating(), "{c:?}");
+            let cut_again = ds.iter().any(|d| d.to.is_some_and(|to| to < cut));
+            assert_eq!(
+                cut_again, cuts,
+                "a violation at {over:?} of the target right after a cut to {cut} that ran \
+                 far under: {ds:?}"
+            );
+        }
     }
 
     /// On a plateau the target sits on (the fit flat at 0.85 of the target from half this
