@@ -3046,6 +3046,21 @@ mod tests {
             .expect("no cut for the broken budget: the test saw nothing")
     }
 
+    /// A settled pair, a budget cut after a slowdown, then the slow spell over: the cut's cap
+    /// runs the reader at a fifth of its target for `cycles` cycles (its transition first),
+    /// with no decision. The disk, the policy and the cut's cap.
+    fn budget_cut_then_far_under(cycles: u64) -> (SimDisk, Adaptive, u64) {
+        let (mut disk, mut p, cap) = settled_pair();
+        let cut = budget_cut_after_a_slowdown(&mut disk, &mut p);
+        assert!(cut < cap);
+        disk.knee_scale = disk
+            .knee_scale_for_next((1000..20000).step_by(50), 0.15..0.3)
+            .expect("a faster disk that puts the reader at a fifth of its target");
+        let held = disk.run(&mut p, cycles);
+        assert!(held.iter().all(|(_, d)| d.is_empty()), "{held:?}");
+        (disk, p, cut)
+    }
+
     /// The knee scale at which the writer at its current cap puts the reader at `lo..hi` of
     /// its target.
     fn scale_for(disk: &SimDisk, lo: f64, hi: f64) -> f64 {
@@ -3106,15 +3121,7 @@ mod tests {
     /// the window still cuts.
     #[test]
     fn a_budget_cut_that_held_is_not_cut_again_at_one_violation() {
-        let (mut disk, mut p, cap) = settled_pair();
-        let cut = budget_cut_after_a_slowdown(&mut disk, &mut p);
-        assert!(cut < cap);
-        // The slow spell over: the cut's cap runs the reader at a fifth of its target.
-        disk.knee_scale = disk
-            .knee_scale_for_next((1000..20000).step_by(50), 0.15..0.3)
-            .expect("a faster disk that puts the reader at a fifth of its target");
-        let held = disk.run(&mut p, 1 + PROBE_CYCLES);
-        assert!(held.iter().all(|(_, d)| d.is_empty()), "{held:?}");
+        let (mut disk, mut p, cut) = budget_cut_then_far_under(1 + PROBE_CYCLES);
         let quiet = disk.knee_scale;
         // One cycle of scatter over the target.
         disk.knee_scale = scale_for(&disk, 1.03, 1.1);
@@ -3147,15 +3154,8 @@ mod tests {
     #[test]
     fn a_marginal_violation_right_after_a_budget_cut_that_runs_far_under_cuts_nothing() {
         for (over, cuts) in [(1.03..1.1, false), (1.5..1.7, true)] {
-            let (mut disk, mut p, cap) = settled_pair();
-            let cut = budget_cut_after_a_slowdown(&mut disk, &mut p);
-            assert!(cut < cap);
-            // The slow spell over: the transition and the first full cycle far under.
-            disk.knee_scale = disk
-                .knee_scale_for_next((1000..20000).step_by(50), 0.15..0.3)
-                .expect("a faster disk that puts the reader at a fifth of its target");
-            let held = disk.run(&mut p, PROBE_CYCLES);
-            assert!(held.iter().all(|(_, d)| d.is_empty()), "{held:?}");
+            // The transition and the first full cycle far under.
+            let (mut disk, mut p, cut) = budget_cut_then_far_under(PROBE_CYCLES);
             disk.knee_scale = disk.knee_scale_for(100..2000, 5, over.clone()).unwrap();
             let (c, ds) = disk.run(&mut p, 1).remove(0);
             assert!(c.services[0].violating(), "{c:?}");
