@@ -3156,7 +3156,7 @@ mod tests {
         for (over, cuts) in [(1.03..1.1, false), (1.5..1.7, true)] {
             // The transition and the first full cycle far under.
             let (mut disk, mut p, cut) = budget_cut_then_far_under(PROBE_CYCLES);
-            disk.knee_scale = disk.knee_scale_for(100..2000, 5, over.clone()).unwrap();
+            disk.knee_scale = scale_for(&disk, over.start, over.end);
             let (c, ds) = disk.run(&mut p, 1).remove(0);
             assert!(c.services[0].violating(), "{c:?}");
             let cut_again = ds.iter().any(|d| d.to.is_some_and(|to| to < cut));
