@@ -249,17 +249,22 @@ fn run() -> Result<()> {
         }
         ms
     };
-    // A run that fails twice ends the benchmark, after the report of what completed.
-    let mut failed: Option<anyhow::Error> = None;
-    'repeats: for r in 0..runs {
+    // A run that fails twice spoils its scenario's repeat (seen: the disk in a slow spell
+    // for minutes, so the reader alone never settles): that repeat is left out of the
+    // scenario's medians, whole, so every median still pairs a mode with the best static cap
+    // of its own repeat, and the benchmark goes on with the next scenario.
+    let mut skipped: Vec<String> = vec![];
+    for r in 0..runs {
         if let (Some(m), Some(files)) = (&paper_mix, &mix_files) {
             let mut outs = vec![];
+            let mut spoiled = false;
             for mode in modes_of(&mix_caps, r, false) {
                 eprintln!("run {} paper-mix: {}", r + 1, mode.label());
-                let Some(o) = twice(&mode, &mut failed, || {
+                let Some(o) = twice(("paper-mix", r, &mode), &mut skipped, || {
                     mix::run(&scratch, files, &dev, m, &mode)
                 }) else {
-                    break 'repeats;
+                    spoiled = true;
+                    break;
                 };
                 eprintln!(
                     "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
@@ -277,24 +282,28 @@ fn run() -> Result<()> {
                 }
                 outs.push(o);
             }
-            mix_best.push(
-                outs.iter()
-                    .filter(|o| matches!(o.mode, Mode::Static(_)) && o.keeps_slos())
-                    .max_by(|a, b| a.writers_mbps().total_cmp(&b.writers_mbps()))
-                    .cloned(),
-            );
-            for o in outs {
-                mix_results.entry(o.mode.label()).or_default().push(o);
+            if !spoiled {
+                mix_best.push(
+                    outs.iter()
+                        .filter(|o| matches!(o.mode, Mode::Static(_)) && o.keeps_slos())
+                        .max_by(|a, b| a.writers_mbps().total_cmp(&b.writers_mbps()))
+                        .cloned(),
+                );
+                for o in outs {
+                    mix_results.entry(o.mode.label()).or_default().push(o);
+                }
             }
         }
         if let Some(pg) = &pg {
             let mut outs = vec![];
+            let mut spoiled = false;
             for mode in modes_of(&pg_caps, r, false) {
                 eprintln!("run {} postgres: {}", r + 1, mode.label());
-                let Some(o) = twice(&mode, &mut failed, || {
+                let Some(o) = twice(("postgres", r, &mode), &mut skipped, || {
                     pg.run(&scratch, &dev, &mode).map_err(|e| format!("{e:#}"))
                 }) else {
-                    break 'repeats;
+                    spoiled = true;
+                    break;
                 };
                 eprintln!(
                     "  pgbench p99.9 {:.2} ms, {}/{} windows over {} ms, writer {:.0} MB/s, {}/{} cycles over the I/O target, {} changes",
@@ -312,33 +321,37 @@ fn run() -> Result<()> {
                 }
                 outs.push(o);
             }
-            pg_best.push(
-                outs.iter()
-                    .filter(|o| matches!(o.agent.mode, Mode::Static(_)) && o.keeps_slo())
-                    .max_by(|a, b| {
-                        a.agent
-                            .aggressor_steady_mbps
-                            .total_cmp(&b.agent.aggressor_steady_mbps)
-                    })
-                    .cloned(),
-            );
-            for o in outs {
-                pg_results.entry(o.agent.mode.label()).or_default().push(o);
+            if !spoiled {
+                pg_best.push(
+                    outs.iter()
+                        .filter(|o| matches!(o.agent.mode, Mode::Static(_)) && o.keeps_slo())
+                        .max_by(|a, b| {
+                            a.agent
+                                .aggressor_steady_mbps
+                                .total_cmp(&b.agent.aggressor_steady_mbps)
+                        })
+                        .cloned(),
+                );
+                for o in outs {
+                    pg_results.entry(o.agent.mode.label()).or_default().push(o);
+                }
             }
         }
         for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
             let ms = modes_of(caps, r, !on_host(name));
             let mut outs = vec![];
+            let mut spoiled = false;
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
-                let Some(o) = twice(&m, &mut failed, || match (&files, &vm_disk) {
+                let Some(o) = twice((name, r, &m), &mut skipped, || match (&files, &vm_disk) {
                     (Some(files), _) if on_host(name) => {
                         scenario::run(&scratch, files, &dev, sc, &m)
                     }
                     (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
                     _ => unreachable!("the files of every scenario asked for are made"),
                 }) else {
-                    break 'repeats;
+                    spoiled = true;
+                    break;
                 };
                 eprintln!(
                     "  {}/{} violating, client {}/{} seconds over, p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
@@ -354,6 +367,9 @@ fn run() -> Result<()> {
                     write_events(dir, name, &m, r, &o.events)?;
                 }
                 outs.push(o);
+            }
+            if spoiled {
+                continue;
             }
             let b = outs
                 .iter()
@@ -373,15 +389,26 @@ fn run() -> Result<()> {
     if let Some(pg) = &pg {
         report_pg(pg, &pg_results, &pg_best);
     }
-    failed.map_or(Ok(()), Err)
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    println!();
+    println!("Repeats left out of the medians (a run failed twice):");
+    for s in &skipped {
+        println!("- {s}");
+    }
+    anyhow::bail!(
+        "{} scenario repeat(s) left out after a run failed twice (listed at the end of the report)",
+        skipped.len()
+    )
 }
 
 /// Runs one mode, again once if it fails: a run can fail for a reason of its own (seen: the
 /// guest's kernel oopsing at boot under emulation) that says nothing of the mode. A second
-/// failure goes into `failed` (None then).
+/// failure is recorded in `skipped`, naming the scenario and repeat (None then).
 fn twice<T>(
-    mode: &Mode,
-    failed: &mut Option<anyhow::Error>,
+    (scenario, repeat, mode): (&str, u32, &Mode),
+    skipped: &mut Vec<String>,
     mut run: impl FnMut() -> Result<T, String>,
 ) -> Option<T> {
     run()
@@ -389,7 +416,18 @@ fn twice<T>(
             eprintln!("{}: {e}; again", mode.label());
             run()
         })
-        .map_err(|e| *failed = Some(anyhow::anyhow!("{}: {e}", mode.label())))
+        .map_err(|e| {
+            eprintln!(
+                "{}: {e}; repeat {} of {scenario} left out",
+                mode.label(),
+                repeat + 1
+            );
+            skipped.push(format!(
+                "{scenario}, repeat {}: {}: {e}",
+                repeat + 1,
+                mode.label()
+            ));
+        })
         .ok()
 }
 
@@ -780,11 +818,11 @@ fn report(
 ) {
     println!(
         "Disk {dev}; reader: 4 KiB QD1 random reads, SLO p99.9; 1 s cycles; steady = from the \
-         {}th full cycle of each aggressor phase; medians of {runs} repeat(s).",
+         {}th full cycle of each aggressor phase; medians over the repeats completed of {runs} (the best static per repeat lists them).",
         scenario::STEADY_AFTER_CYCLES + 1
     );
     for (si, (name, sc, _)) in scenarios.iter().enumerate() {
-        // A scenario the benchmark did not reach (a run failed before it).
+        // A scenario with no repeat completed (a run failed twice in each).
         let Some(bests) = best.get(&si) else {
             continue;
         };
