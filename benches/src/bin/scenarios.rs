@@ -256,33 +256,31 @@ fn run() -> Result<()> {
     let mut skipped: Vec<String> = vec![];
     for r in 0..runs {
         if let (Some(m), Some(files)) = (&paper_mix, &mix_files) {
-            let mut outs = vec![];
-            let mut spoiled = false;
-            for mode in modes_of(&mix_caps, r, false) {
-                eprintln!("run {} paper-mix: {}", r + 1, mode.label());
-                let Some(o) = twice(("paper-mix", r, &mode), &mut skipped, || {
-                    mix::run(&scratch, files, &dev, m, &mode)
-                }) else {
-                    spoiled = true;
-                    break;
-                };
-                eprintln!(
-                    "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
-                     backup {:.0} MB/s, {} changes",
-                    o.steady.violating,
-                    o.steady.cycles,
-                    o.db.steady_p999_ms,
-                    o.cache.steady_p999_ms,
-                    o.ingest_steady_mbps,
-                    o.backup_steady_mbps,
-                    o.steady.changes
-                );
-                if let Some(dir) = &events_dir {
-                    write_events(dir, "paper-mix", &mode, r, &o.events)?;
+            'mix: {
+                let mut outs = vec![];
+                for mode in modes_of(&mix_caps, r, false) {
+                    eprintln!("run {} paper-mix: {}", r + 1, mode.label());
+                    let Some(o) = twice(("paper-mix", r, &mode), &mut skipped, || {
+                        mix::run(&scratch, files, &dev, m, &mode)
+                    }) else {
+                        break 'mix;
+                    };
+                    eprintln!(
+                        "  {}/{} violating, db p99.9 {:.2} ms, cache p99.9 {:.2} ms, ingest {:.0} MB/s, \
+                         backup {:.0} MB/s, {} changes",
+                        o.steady.violating,
+                        o.steady.cycles,
+                        o.db.steady_p999_ms,
+                        o.cache.steady_p999_ms,
+                        o.ingest_steady_mbps,
+                        o.backup_steady_mbps,
+                        o.steady.changes
+                    );
+                    if let Some(dir) = &events_dir {
+                        write_events(dir, "paper-mix", &mode, r, &o.events)?;
+                    }
+                    outs.push(o);
                 }
-                outs.push(o);
-            }
-            if !spoiled {
                 mix_best.push(
                     outs.iter()
                         .filter(|o| matches!(o.mode, Mode::Static(_)) && o.keeps_slos())
@@ -295,33 +293,31 @@ fn run() -> Result<()> {
             }
         }
         if let Some(pg) = &pg {
-            let mut outs = vec![];
-            let mut spoiled = false;
-            for mode in modes_of(&pg_caps, r, false) {
-                eprintln!("run {} postgres: {}", r + 1, mode.label());
-                let Some(o) = twice(("postgres", r, &mode), &mut skipped, || {
-                    pg.run(&scratch, &dev, &mode).map_err(|e| format!("{e:#}"))
-                }) else {
-                    spoiled = true;
-                    break;
-                };
-                eprintln!(
-                    "  pgbench p99.9 {:.2} ms, {}/{} windows over {} ms, writer {:.0} MB/s, {}/{} cycles over the I/O target, {} changes",
-                    o.agent.steady_client_p999_ms,
-                    o.windows_over(),
-                    o.windows_ms.len(),
-                    o.slo_ms,
-                    o.agent.aggressor_steady_mbps,
-                    o.agent.steady.violating,
-                    o.agent.steady.cycles,
-                    o.agent.steady.changes
-                );
-                if let Some(dir) = &events_dir {
-                    write_events(dir, "postgres", &mode, r, &o.agent.events)?;
+            'pg: {
+                let mut outs = vec![];
+                for mode in modes_of(&pg_caps, r, false) {
+                    eprintln!("run {} postgres: {}", r + 1, mode.label());
+                    let Some(o) = twice(("postgres", r, &mode), &mut skipped, || {
+                        pg.run(&scratch, &dev, &mode).map_err(|e| format!("{e:#}"))
+                    }) else {
+                        break 'pg;
+                    };
+                    eprintln!(
+                        "  pgbench p99.9 {:.2} ms, {}/{} windows over {} ms, writer {:.0} MB/s, {}/{} cycles over the I/O target, {} changes",
+                        o.agent.steady_client_p999_ms,
+                        o.windows_over(),
+                        o.windows_ms.len(),
+                        o.slo_ms,
+                        o.agent.aggressor_steady_mbps,
+                        o.agent.steady.violating,
+                        o.agent.steady.cycles,
+                        o.agent.steady.changes
+                    );
+                    if let Some(dir) = &events_dir {
+                        write_events(dir, "postgres", &mode, r, &o.agent.events)?;
+                    }
+                    outs.push(o);
                 }
-                outs.push(o);
-            }
-            if !spoiled {
                 pg_best.push(
                     outs.iter()
                         .filter(|o| matches!(o.agent.mode, Mode::Static(_)) && o.keeps_slo())
@@ -337,10 +333,9 @@ fn run() -> Result<()> {
                 }
             }
         }
-        for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
+        'scenarios: for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
             let ms = modes_of(caps, r, !on_host(name));
             let mut outs = vec![];
-            let mut spoiled = false;
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
                 let Some(o) = twice((name, r, &m), &mut skipped, || match (&files, &vm_disk) {
@@ -350,8 +345,7 @@ fn run() -> Result<()> {
                     (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
                     _ => unreachable!("the files of every scenario asked for are made"),
                 }) else {
-                    spoiled = true;
-                    break;
+                    continue 'scenarios;
                 };
                 eprintln!(
                     "  {}/{} violating, client {}/{} seconds over, p99.9 {:.2} ms, aggressor {:.0} MB/s, {} changes",
@@ -367,9 +361,6 @@ fn run() -> Result<()> {
                     write_events(dir, name, &m, r, &o.events)?;
                 }
                 outs.push(o);
-            }
-            if spoiled {
-                continue;
             }
             let b = outs
                 .iter()
@@ -417,16 +408,9 @@ fn twice<T>(
             run()
         })
         .map_err(|e| {
-            eprintln!(
-                "{}: {e}; repeat {} of {scenario} left out",
-                mode.label(),
-                repeat + 1
-            );
-            skipped.push(format!(
-                "{scenario}, repeat {}: {}: {e}",
-                repeat + 1,
-                mode.label()
-            ));
+            let left_out = format!("{scenario}, repeat {}: {}: {e}", repeat + 1, mode.label());
+            eprintln!("left out: {left_out}");
+            skipped.push(left_out);
         })
         .ok()
 }
