@@ -384,23 +384,33 @@ impl Agent {
     }
 
     /// Waits for its `agent_start`; panics with the agent's stderr if it exits first.
-    fn started(mut self) -> Self {
+    fn started(self) -> Self {
+        self.try_started().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits for its `agent_start`; the agent's stderr if it exits first, so a benchmark
+    /// can leave that run out and go on (the agent, if still running, ends on drop).
+    fn try_started(mut self) -> Result<Self, String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.events().iter().any(|e| e["type"] == "agent_start") {
             // An agent that refused to start (a bad flag, another agent enforcing on the
             // host) says why on stderr.
             if !self.running() {
                 let (status, stderr) = self.wait_exit(Duration::from_secs(1));
-                panic!("the agent exited before agent_start ({status}): {stderr}");
+                return Err(format!(
+                    "the agent exited before agent_start ({status}): {}",
+                    stderr.trim()
+                ));
             }
-            assert!(
-                Instant::now() < deadline,
-                "no agent_start within 30 s; got: {:?}",
-                self.events()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no agent_start within 30 s; got: {:?}",
+                    self.events()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self
+        Ok(self)
     }
 
     /// As [`Agent::start_wrapped`], without waiting for `agent_start`.
@@ -462,17 +472,17 @@ impl Agent {
 
     /// An agent enforcing `config` at a 1 s cycle, with its journal in `journal`.
     pub fn start_controlling(config: &Path, journal: &Path, extra: &[&str]) -> Self {
-        Agent::start_controlling_as(None, config, journal, extra)
+        Agent::start_controlling_as(None, config, journal, extra).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// As [`Agent::start_controlling`], in another agent binary when `binary` is given (an
-    /// A/B of two builds in one run).
+    /// A/B of two builds in one run); why the agent did not start, if it did not.
     pub fn start_controlling_as(
         binary: Option<PathBuf>,
         config: &Path,
         journal: &Path,
         extra: &[&str],
-    ) -> Self {
+    ) -> Result<Self, String> {
         let mut args = vec![
             "--interval",
             "1s",
@@ -482,7 +492,7 @@ impl Agent {
             journal.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        Agent::spawn_bin(&binary.unwrap_or_else(isolator_bin), &[], &args, &[]).started()
+        Agent::spawn_bin(&binary.unwrap_or_else(isolator_bin), &[], &args, &[]).try_started()
     }
 
     pub fn events(&self) -> Vec<Value> {

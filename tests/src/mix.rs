@@ -203,7 +203,7 @@ fn run_once(
     let journal = scratch.path("journal");
     let args = mode.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = Agent::start_controlling_as(mode.agent_binary()?, &config, &journal, &args);
+    let mut agent = Agent::start_controlling_as(mode.agent_binary()?, &config, &journal, &args)?;
     let (db_log, cache_log) = (scratch.path("mix-db"), scratch.path("mix-cache"));
     let readers_s = mix.solo_s + mix.seconds + 2;
     let t0 = Instant::now();

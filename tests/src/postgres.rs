@@ -993,7 +993,7 @@ pub fn run_in_mode(
         set_cap(backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
     }
     let mut agent =
-        crate::Agent::start_controlling_as(mode.agent_binary()?, config, &journal, &args);
+        crate::Agent::start_controlling_as(mode.agent_binary()?, config, &journal, &args)?;
     noisy::wait_for_settled_disk(&cluster.accounts_file());
     let run = run_next_to_writer(
         cluster,

@@ -407,7 +407,7 @@ pub fn run_once(
     let journal = scratch.path("journal");
     let args = mode.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = Agent::start_controlling_as(mode.agent_binary()?, &config, &journal, &args);
+    let mut agent = Agent::start_controlling_as(mode.agent_binary()?, &config, &journal, &args)?;
     let aggressor_file = files.aggressor(a)?;
     let lat_log = scratch.path("reader");
     let on_total = scenario.on_s * u64::from(scenario.times)

@@ -598,7 +598,7 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
             med(&|o| o.agent.steady.changes as f64),
             100.0 * med(&|o| 1.0 - o.windows_over() as f64 / o.windows_ms.len().max(1) as f64),
             med(&|o| o.agent.latency_impact()),
-            share_of_best(outs, best, |o| o.agent.aggressor_steady_mbps)
+            share_of_best(label, outs, best, |o| o.agent.aggressor_steady_mbps)
         );
     }
     for (label, outs) in results.iter().filter(|(l, _)| is_policy(l)) {
@@ -634,7 +634,7 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
     let shares: Vec<String> = results
         .iter()
         .filter(|(l, _)| is_policy(l))
-        .map(|(l, outs)| format!("{l} {}", share_of_best(outs, &best_io, rate)))
+        .map(|(l, outs)| format!("{l} {}", share_of_best(l, outs, &best_io, rate)))
         .collect();
     println!();
     println!(
@@ -711,8 +711,17 @@ fn write_events(
 }
 
 /// The work-conservation cell: the median over the repeats of `rate` over the repeat's best
-/// static mode's ("-" where no static mode kept the SLO in any repeat).
-fn share_of_best<T>(outs: &[T], best: &[Option<T>], rate: impl Fn(&T) -> f64) -> String {
+/// static mode's ("-" where no static mode kept the SLO in any repeat). The uncapped mode
+/// gets none: it breaks the SLO by design, so its share (often over 200 %) compares nothing.
+fn share_of_best<T>(
+    label: &str,
+    outs: &[T],
+    best: &[Option<T>],
+    rate: impl Fn(&T) -> f64,
+) -> String {
+    if label == Mode::None.label() {
+        return "- (uncapped)".to_string();
+    }
     let share: Vec<f64> = outs
         .iter()
         .zip(best)
@@ -783,7 +792,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
             100.0 * med(&|o| o.isolation()),
             med(&|o| o.db.steady_p999_ms / o.db.solo_p999_ms),
             med(&|o| o.cache.steady_p999_ms / o.cache.solo_p999_ms),
-            share_of_best(outs, best, MixOutcome::writers_mbps)
+            share_of_best(label, outs, best, MixOutcome::writers_mbps)
         );
     }
     for (label, outs) in results.iter().filter(|(l, _)| is_policy(l)) {
@@ -854,7 +863,7 @@ fn report(
                 100.0 * med(&|o| o.isolation()),
                 med(&|o| o.latency_impact()),
                 // On/off: over the whole run (a static cap must be set for the worst moment).
-                share_of_best(outs, bests, |o| if sc.times > 1 {
+                share_of_best(label, outs, bests, |o| if sc.times > 1 {
                     o.aggressor_total_mb
                 } else {
                     o.aggressor_steady_mbps
