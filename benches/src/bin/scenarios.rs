@@ -72,13 +72,21 @@ fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
         .collect()
 }
 
+/// The median; of an even count, the mean of the middle two. A repeat left out leaves two,
+/// and the upper of them alone (as this once took) reported the better repeat as the median
+/// (BENCHMARKS run BQ: the random reader's "111 %" was the better of 69 % and 111 %).
 fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| !x.is_nan());
     if v.is_empty() {
         return f64::NAN;
     }
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
 
 /// `--weights 1000/10,100/100`: the victim's and the aggressor's weight per mode.
@@ -1022,6 +1030,13 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_two_repeats_is_their_mean_not_the_better_one() {
+        assert_eq!(median(vec![111.0, 69.0]), 90.0);
+        assert_eq!(median(vec![84.0, f64::NAN, 78.0, 113.0]), 84.0);
+        assert!(median(vec![f64::NAN]).is_nan());
+    }
 
     #[test]
     fn pooled_best_static_is_the_highest_cap_that_held_over_every_repeat() {
