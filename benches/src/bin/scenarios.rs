@@ -72,21 +72,11 @@ fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
         .collect()
 }
 
-/// The median; of an even count, the mean of the middle two. A repeat left out leaves two,
+/// The median over the repeats, NaN when none has the figure. A repeat left out leaves two,
 /// and the upper of them alone (as this once took) reported the better repeat as the median
 /// (BENCHMARKS run BQ: the random reader's "111 %" was the better of 69 % and 111 %).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| !x.is_nan());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) {
-        (v[mid - 1] + v[mid]) / 2.0
-    } else {
-        v[mid]
-    }
+fn median(v: Vec<f64>) -> f64 {
+    isolator::measure::metrics::median(v).unwrap_or(f64::NAN)
 }
 
 /// `--weights 1000/10,100/100`: the victim's and the aggressor's weight per mode.

@@ -19,7 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::{events::ServiceStats, measure::character::CharacterClass};
+use crate::{
+    events::ServiceStats,
+    measure::{character::CharacterClass, metrics::median},
+};
 
 /// Cycles each side (other active, other idle) needs before a change is claimed.
 pub const MIN_CYCLES_PER_SIDE: usize = 5;
@@ -291,19 +294,6 @@ fn side(samples: &[Sample]) -> Side {
         p999_ns: median(p999).map(|v| v.round() as u64),
         mbps: median(mbps),
     }
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 fn finite(v: f64) -> f64 {

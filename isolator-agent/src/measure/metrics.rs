@@ -36,6 +36,22 @@ pub struct LatencySummary {
     pub mean_ns: Option<u64>,
 }
 
+/// The median of per-cycle (or per-run) figures, NaN left out; of an even count, the mean
+/// of the middle two, so two figures give neither one alone (None: no figure).
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| !x.is_nan());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    })
+}
+
 /// Nearest-rank percentile over bucket counts (ascending by bucket), reported as the
 /// bucket's representative value.
 pub fn percentile(hist: &[(u16, u64)], total: u64, q: f64) -> Option<u64> {
