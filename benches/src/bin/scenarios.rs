@@ -554,8 +554,8 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
     println!(
         "### postgres: pgbench select-only at {} tps ({} clients), {:.2} GB of data over a {} \
          MiB page cache, next to the writer for {} s; SLO {} ms (4x pgbench's p99.9 alone, \
-         {:.2} ms, the median of its windows {:.1?} ms), the agent's target for db's block I/O {} (the uncapped run's share would \
-         have given {}); judged per {:.1} s window of the steady phase, at most one in five \
+         {:.2} ms, the median of its windows {:.1?} ms), the agent's target for db's block \
+         I/O {} (the uncapped run's share would have given {}); judged per {:.1} s window of the steady phase, at most one in five \
          over; best static per repeat: {}",
         postgres::LOAD.rate_tps,
         postgres::LOAD.clients,
