@@ -703,9 +703,36 @@ fn describe(runs: &[&Outcome]) -> String {
         .join("; ")
 }
 
+/// Runs of `adaptive` one round may take to see its aggressor push the reader over the
+/// target in the first phase's first 5 cycles. A run where it did not proves nothing either
+/// way: in a fresh-clone suite on e8c7d12 the uncapped writer ran at 4.7-4.9 GB/s for 11
+/// cycles with the reader at 3.8-4.8 ms against 5, in one round of three. Such a run is
+/// run again, once; a disk that stays that fast fails the test, saying so.
+pub const RUNS_TO_HURT: usize = 2;
+
+/// The round's `adaptive` run: the first of [`RUNS_TO_HURT`] whose aggressor hurt the reader.
+fn run_until_hurt(run: &mut impl FnMut(Mode) -> Outcome, sc: &Scenario) -> Outcome {
+    for attempt in 1..=RUNS_TO_HURT {
+        let o = run(Mode::Policy("adaptive".into()));
+        if o.hurt.first() == Some(&true) {
+            return o;
+        }
+        println!(
+            "run {attempt} of {RUNS_TO_HURT}: the aggressor did not push the reader over its {:.2} ms SLO in its first 5 cycles ({:?}); the run proves nothing",
+            sc.slo_ms(),
+            o.p999_ms
+        );
+    }
+    panic!(
+        "the aggressor never pushed the reader over its {:.2} ms SLO in {RUNS_TO_HURT} runs: the scenario proves nothing on this disk now (its fast minutes; run the test again)",
+        sc.slo_ms()
+    );
+}
+
 /// `rounds` rounds of `adaptive` (in `run`), then a static cap [`ABOVE`] times the rate `adaptive` gave
-/// the aggressor in that round. Each adaptive run: the aggressor hurt the reader, and the
-/// SLO was back within 3 cycles (plus `each`). Over the rounds: `adaptive` kept the SLO as
+/// the aggressor in that round. Each adaptive run: the aggressor hurt the reader (a run
+/// where it did not is run again, see [`RUNS_TO_HURT`]), and the SLO was back within 3
+/// cycles (plus `each`). Over the rounds: `adaptive` kept the SLO as
 /// the reader saw it, and the static caps isolated the reader worse than `adaptive` did
 /// (else `adaptive` left a third of the disk idle for nothing).
 pub fn assert_controlled(
@@ -717,13 +744,7 @@ pub fn assert_controlled(
     let mut adaptive = vec![];
     let mut fixed = vec![];
     for _ in 0..rounds {
-        let o = run(Mode::Policy("adaptive".into()));
-        assert!(
-            o.hurt[0],
-            "the aggressor never pushed the reader over its {:.2} ms SLO: the scenario proves nothing on this disk ({:?})",
-            sc.slo_ms(),
-            o.p999_ms
-        );
+        let o = run_until_hurt(&mut run, sc);
         assert!(
             o.cycles_to_slo.iter().all(|c| c.is_some_and(|c| c <= 3)),
             "not back within the SLO 3 cycles after the aggressor broke it: {:?} ({:?})",
@@ -810,6 +831,51 @@ pub fn require_tools() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn outcome(hurt: bool) -> Outcome {
+        Outcome {
+            mode: Mode::Policy("adaptive".into()),
+            slo_us: 5000,
+            p999_ms: vec![if hurt { 9.0 } else { 4.0 }],
+            cycles_to_slo: vec![Some(1)],
+            hurt: vec![hurt],
+            cycles_to_lift: vec![],
+            steady: SteadyBudget {
+                cycles: 0,
+                violating: 0,
+                changes: 0,
+                most_changes_in_ten: 0,
+            },
+            solo_p999_ms: 0.1,
+            steady_client_p999_ms: 1.0,
+            steady_client_windows: 0,
+            steady_client_violations: 0,
+            aggressor_steady_mbps: 0.0,
+            aggressor_total_mb: 0.0,
+            events: vec![],
+        }
+    }
+
+    #[test]
+    fn a_run_whose_aggressor_did_not_hurt_is_run_again_and_a_second_fails() {
+        let sc = Scenario::new(Aggressor::Writer, 5, 60);
+        let mut hurts = [false, true].into_iter();
+        let mut runs = 0;
+        let o = run_until_hurt(
+            &mut |_| {
+                runs += 1;
+                outcome(hurts.next().unwrap())
+            },
+            &sc,
+        );
+        assert!(o.hurt[0]);
+        assert_eq!(runs, 2);
+        let never = std::panic::catch_unwind(|| run_until_hurt(&mut |_| outcome(false), &sc));
+        let message = never.expect_err("a disk that never hurt passed");
+        assert!(message
+            .downcast_ref::<String>()
+            .is_some_and(|m| m.contains("proves nothing on this disk")));
+    }
 
     #[test]
     fn most_in_any_ten_reads_the_change_budget_as_a_rate_limit() {
