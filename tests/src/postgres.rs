@@ -431,12 +431,6 @@ impl LatencyLog {
             .collect()
     }
 
-    /// As [`LatencyLog::p999_us`], of the time from each transaction's actual start (its
-    /// latency less its schedule lag): what the server took, without the client's backlog.
-    pub fn p999_started_us(&self, from_us: u64, to_us: u64) -> (u64, usize) {
-        self.p999_with_transactions(from_us, to_us, |t| t.latency_us.saturating_sub(t.lag_us))
-    }
-
     /// [`LatencyLog::p999_of`] of a phase that must have transactions (a whole phase of a
     /// run, not one of its windows).
     fn p999_with_transactions(
@@ -500,10 +494,15 @@ impl Run {
     }
 
     /// p99.9 in µs of the transactions scheduled from `settle_ms` after the writer
-    /// started to its end, and their count.
+    /// started to its end, and their count. A phase none of whose transactions pgbench
+    /// logged is `(u64::MAX, 0)`, as a window is ([`LatencyLog::window_p999_us`]): its
+    /// clients were still waiting when the run ended (seen once, under `adaptive` in a
+    /// benchmark run, which then stopped on this phase; see BENCHMARKS run BW).
     pub fn writer_p999_us(&self, settle_ms: u64) -> (u64, usize) {
         let (start, end, _) = self.writer.expect("a run with the writer");
-        self.log.p999_us(start + settle_ms * 1000, end)
+        self.log
+            .p999_of(start + settle_ms * 1000, end, |t| t.latency_us)
+            .unwrap_or((u64::MAX, 0))
     }
 
     /// As [`Run::writer_p999_us`], of each of `windows` equal windows of that phase.
@@ -513,10 +512,16 @@ impl Run {
             .window_p999_us(start + settle_ms * 1000, end, windows)
     }
 
-    /// As [`Run::writer_p999_us`], without the schedule lag.
-    pub fn writer_p999_started_us(&self, settle_ms: u64) -> u64 {
+    /// As [`Run::writer_p999_us`], of the time from each transaction's actual start (its
+    /// latency less its schedule lag): what the server took, without the client's backlog.
+    /// None if pgbench logged no transaction there.
+    pub fn writer_p999_started_us(&self, settle_ms: u64) -> Option<u64> {
         let (start, end, _) = self.writer.expect("a run with the writer");
-        self.log.p999_started_us(start + settle_ms * 1000, end).0
+        self.log
+            .p999_of(start + settle_ms * 1000, end, |t| {
+                t.latency_us.saturating_sub(t.lag_us)
+            })
+            .map(|(us, _)| us)
     }
 
     /// The throughput line of pgbench's report ("tps = ...").
@@ -789,8 +794,10 @@ fn steady_reads_ms(run: &ModeRun) -> Vec<f64> {
 /// 197 ms), and a backlog says how far behind, not how a transaction's tail relates to its
 /// reads'.
 fn pgbench_steady_ms(run: &ModeRun) -> Option<f64> {
-    let us = run.run.writer_p999_started_us(PHASES.settle_ms);
-    (us > 0).then(|| us as f64 / 1e3)
+    run.run
+        .writer_p999_started_us(PHASES.settle_ms)
+        .filter(|&us| us > 0)
+        .map(|us| us as f64 / 1e3)
 }
 
 /// The least of `ascending` with at most one in ten over it (None if empty).

@@ -70,7 +70,9 @@ fn print_run(label: &str, m: &ModeRun) {
          the writer's start); {}",
         ms(solo_us),
         ms(steady_us),
-        ms(run.writer_p999_started_us(PHASES.settle_ms)),
+        ms(run
+            .writer_p999_started_us(PHASES.settle_ms)
+            .unwrap_or(u64::MAX)),
         ms(max_lag_us),
         max_lag_at_s,
         run.tps_line()
