@@ -564,16 +564,17 @@ pub fn run_alone(
 /// p99.9s in ms of windows given in µs (with their transaction counts); a window with no
 /// transaction logged ([`LatencyLog::window_p999_us`]) is infinite.
 fn windows_ms(windows: &[(u64, usize)]) -> Vec<f64> {
-    windows
-        .iter()
-        .map(|&(us, n)| {
-            if n == 0 {
-                f64::INFINITY
-            } else {
-                us as f64 / 1e3
-            }
-        })
-        .collect()
+    windows.iter().map(|&p| p999_ms(p)).collect()
+}
+
+/// A `(p99.9 µs, transactions)` pair in ms: infinite for a phase or window with none
+/// logged, worse than any that was.
+pub fn p999_ms((us, transactions): (u64, usize)) -> f64 {
+    if transactions == 0 {
+        f64::INFINITY
+    } else {
+        us as f64 / 1e3
+    }
 }
 
 /// pgbench's p99.9 in ms of each window of what would be the steady phase in a run with

@@ -516,20 +516,17 @@ impl PgBench {
         };
         let mut agent = scenario::outcome(mode.clone(), &sc, &m.events);
         agent.solo_p999_ms = m.run.solo_p999_us(postgres::WARMUP_MS).0 as f64 / 1e3;
-        agent.steady_client_p999_ms = match m.run.writer_p999_us(PHASES.settle_ms) {
-            (_, 0) => {
-                // Starved, or pgbench stopped: the run is a result (worse than any
-                // logged), and pgbench's own words say which.
-                eprintln!(
-                    "{}: pgbench logged no transaction scheduled in the steady phase (pgbench {}); its report:\n{}",
-                    mode.label(),
-                    if m.run.pgbench_ok { "exited 0" } else { "failed" },
-                    m.run.report.trim_end()
-                );
-                f64::INFINITY
-            }
-            (us, _) => us as f64 / 1e3,
-        };
+        let steady = m.run.writer_p999_us(PHASES.settle_ms);
+        if steady.1 == 0 {
+            // Starved, or pgbench stopped: the run is a result, and pgbench's words say which.
+            eprintln!(
+                "{}: pgbench logged no transaction scheduled in the steady phase (pgbench {}); its report:\n{}",
+                mode.label(),
+                if m.run.pgbench_ok { "exited 0" } else { "failed" },
+                m.run.report.trim_end()
+            );
+        }
+        agent.steady_client_p999_ms = postgres::p999_ms(steady);
         Ok(PgOutcome {
             windows_ms: m.windows_ms(PHASES),
             slo_ms: self.calibration.slo_ms,
