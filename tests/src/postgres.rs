@@ -693,14 +693,17 @@ pub const IO_SHARE: f64 = 0.8;
 /// The least share a measurement may give: under it the writer next to this reader is held
 /// at its floor on every disk seen.
 pub const MIN_IO_SHARE: f64 = 0.4;
-/// The most a share measured near the SLO ([`IoTargetBasis::UnderCap`]) may give: the whole
-/// SLO. [`IO_SHARE`]'s margin is for a ratio measured far from the SLO, next to the uncapped
-/// writer; under the highest cap that kept pgbench's SLO the ratio is measured where the
-/// agent works, and the agent keeps its own margin under its target. With both margins the
+/// The most a share measured near the SLO ([`IoTargetBasis::UnderCap`]) may give. Under
+/// the highest cap that kept pgbench's SLO the ratio is measured where the agent works, so
+/// [`IO_SHARE`]'s margin for a ratio measured far from it was too much: clamped to 0.8, the
 /// target sat at the reads' own level under the best static cap whenever the disk was slow
-/// (runs AO, AP, AR: a ratio of 0.96-1.04 clamped to 0.8), which holds the writer under that
-/// cap by construction (77-89 % of it).
-pub const MAX_UNDER_CAP_IO_SHARE: f64 = 1.0;
+/// (runs AO, AP, AR: a ratio of 0.96-1.04), which holds the writer under that cap by
+/// construction (77-89 % of it). But the whole SLO left none: the agent's one violating
+/// cycle in ten (a failed probe, a scattered cycle) spends about the one window in five
+/// pgbench is allowed, and the disk's own stalls come on top. Targets at 0.94 (run BG) and
+/// 0.97 of the SLO (run BX) broke pgbench's bar in two repeats of three; 0.92 (BF, one
+/// repeat) and 0.87 (BW) kept it, at 136 % and 128 % of the best static cap.
+pub const MAX_UNDER_CAP_IO_SHARE: f64 = 0.87;
 pub const MIN_IO_SLO_MS: u64 = 2;
 
 /// pgbench's SLO on this disk today, from runs alone: 4x its p99.9 in the median window
