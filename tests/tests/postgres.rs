@@ -22,15 +22,16 @@
 //! cycle after the writer starts; `postgres::PHASES`) and ends with the writer. The SLO is
 //! derived from pgbench alone on this disk today (4x its p99.9 in the median of thirteen
 //! windows: the calibration's three and the ten of the run alone before the first
-//! `adaptive` run; at least 5 ms), never hard-coded: without control (the agent in --dry-run) the
-//! writer must push most windows above it, or the scenario proves nothing; under `adaptive`
+//! `adaptive` run; at least 5 ms), never hard-coded: without control (the agent in
+//! --dry-run) the writer must push most windows above it, or the scenario proves nothing;
+//! under `adaptive`
 //! at most one window in five may be over, the bar the other scenarios hold the agent's
 //! cycles to, plus the windows pgbench alone put over it in a run with no writer just
 //! before (`postgres::alone_windows_ms`), and that bar must stay under what no control
 //! gave. Some, not none: a stall of the disk's own (seen here: 165 ms with the writer
 //! capped at 57 MB/s, a fifteenth of what the disk sustains, and 153 ms at a cap that had
-//! held for ten cycles) holds the 32 transactions in flight and sets that window's p99.9, and no I/O
-//! limit prevents it; with five 3 s windows, one such stall and one failed probe of the
+//! held for ten cycles) holds the 32 transactions in flight and sets that window's p99.9,
+//! and no I/O limit prevents it; with five 3 s windows, one such stall and one failed probe of the
 //! knee search (its one violating cycle, within the one-in-ten budget) failed the test. A
 //! stall is also told from the writer's harm by its size: a failing run with a window worse
 //! than any the uncapped writer caused (CI saw 90.6 ms where the uncapped writer's worst
