@@ -487,7 +487,7 @@ pub struct Run {
 
 impl Run {
     /// p99.9 in µs of the transactions scheduled from `skip_ms` after pgbench started to
-    /// the writer's start (or pgbench's end without one), and their count.
+    /// the writer's start (without one, to [`Run::judged_end_us`]), and their count.
     pub fn solo_p999_us(&self, skip_ms: u64) -> (u64, usize) {
         let to = self
             .writer
@@ -856,7 +856,7 @@ impl Calibration {
     /// This calibration with more windows of pgbench alone (`alone_ms`, from
     /// [`alone_windows_ms`]): the SLO from the median of them all. Three windows in one
     /// 12 s run can sit in one slow spell: CI's calibration read [9.43, 5.15, 12.85] ms (a
-    /// 38 ms SLO, its spread just under [`CALIBRATION_SPREAD`]) where pgbench alone gave
+    /// 38 ms SLO, its spread just under `CALIBRATION_SPREAD`) where pgbench alone gave
     /// 3.3-6.3 ms in ten windows a minute later, and the uncapped writer's 41 ms overall
     /// no longer cleared the SLO in most windows.
     pub fn with_windows_alone(&self, alone_ms: &[f64]) -> Calibration {

@@ -24,21 +24,20 @@
 //! windows: the calibration's three and the ten of the run alone before the first
 //! `adaptive` run; at least 5 ms), never hard-coded: without control (the agent in
 //! --dry-run) the writer must push most windows above it, or the scenario proves nothing;
-//! under `adaptive`
-//! at most one window in five may be over, the bar the other scenarios hold the agent's
-//! cycles to, plus the windows pgbench alone put over it in a run with no writer just
-//! before (`postgres::alone_windows_ms`), and that bar must stay under what no control
-//! gave. Some, not none: a stall of the disk's own (seen here: 165 ms with the writer
-//! capped at 57 MB/s, a fifteenth of what the disk sustains, and 153 ms at a cap that had
-//! held for ten cycles) holds the 32 transactions in flight and sets that window's p99.9,
-//! and no I/O limit prevents it; with five 3 s windows, one such stall and one failed probe of the
-//! knee search (its one violating cycle, within the one-in-ten budget) failed the test. A
-//! stall is also told from the writer's harm by its size: a failing run with a window worse
-//! than any the uncapped writer caused (CI saw 90.6 ms where the uncapped writer's worst
-//! was 42.8) runs once more, its run alone with it, and that attempt must pass on its own; a
-//! failing run without such a window fails at once. pgbench is CPU-bound as much as
-//! disk-bound: run on a machine busy with other work
-//! (a build), its latency says more about the CPU than about the disk.
+//! under `adaptive` at most one window in five may be over, the bar the other scenarios
+//! hold the agent's cycles to, plus the windows pgbench alone put over it in a run with no
+//! writer just before (`postgres::alone_windows_ms`), and that bar must stay under what no
+//! control gave. Some, not none: a stall of the disk's own (seen here: 165 ms with the
+//! writer capped at 57 MB/s, a fifteenth of what the disk sustains, and 153 ms at a cap
+//! that had held for ten cycles) holds the 32 transactions in flight and sets that window's
+//! p99.9, and no I/O limit prevents it; with five 3 s windows, one such stall and one
+//! failed probe of the knee search (its one violating cycle, within the one-in-ten budget)
+//! failed the test. A stall is also told from the writer's harm by its size: a failing run
+//! with a window worse than any the uncapped writer caused (CI saw 90.6 ms where the
+//! uncapped writer's worst was 42.8) runs once more, its run alone with it, and that
+//! attempt must pass on its own; a failing run without such a window fails at once. pgbench
+//! is CPU-bound as much as disk-bound: run on a machine busy with other work (a build), its
+//! latency says more about the CPU than about the disk.
 
 use isolator_tests::{
     postgres::{self, Cluster, ModeRun, PHASES, SIZE},
