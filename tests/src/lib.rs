@@ -925,7 +925,8 @@ pub mod noisy {
         let mut reader = db.spawn(&reader(rfile, solo_s + writer_s + 2, &lat_log));
         std::thread::sleep(std::time::Duration::from_secs(solo_s));
         let writer_start_ms = t0.elapsed().as_millis() as u64;
-        let mut writer = backup.spawn(&writer(wfile, writer_s));
+        let buffers = WriterBuffers::reserve(1).unwrap_or_else(|e| panic!("{e}"));
+        let mut writer = backup.spawn(&writer(wfile, writer_s, &buffers));
         let writer_ok = writer.wait().is_ok_and(|s| s.success());
         let writer_end_ms = t0.elapsed().as_millis() as u64;
         let reader_ok = reader.wait().is_ok_and(|s| s.success());
@@ -960,12 +961,70 @@ pub mod noisy {
         }
     }
 
-    pub fn writer(file: &Path, runtime_s: u64) -> String {
+    /// The backup-like writer: 1 MiB sequential O_DIRECT writes at QD32 over `file`, its
+    /// buffers in the 2 MiB pages `buffers` holds. In 4 KiB pages a 1 MiB buffer is
+    /// physically contiguous only by luck of the allocator, and a bio over scattered pages
+    /// needs 256 segments where the disk takes 254: the block layer splits it (1016 KiB +
+    /// 8 KiB) and the halves do not merge, so the same MB/s came as 80 requests/s in one
+    /// fio process and 530/s in the next, and the reader's p99.9 under one cap moved from
+    /// 0.6 to 6 ms with it (BENCHMARKS.md, run BZ). Modes compared side by side must get the
+    /// same writer; in huge pages every run sends the same requests.
+    /// `_buffers`: the reservation the caller holds while fio runs.
+    pub fn writer(file: &Path, runtime_s: u64, _buffers: &WriterBuffers) -> String {
         format!(
             "fio --name=w --filename={} --rw=write --bs=1M --direct=1 --ioengine=libaio \
-             --iodepth=32 --time_based --runtime={runtime_s} --output=/dev/null",
+             --iodepth=32 --iomem=shmhuge --time_based --runtime={runtime_s} \
+             --output=/dev/null",
             file.display()
         )
+    }
+
+    /// 2 MiB pages the kernel holds for [`writer`]s' buffers while this lives:
+    /// `vm.nr_hugepages` raised by what they need, and set back on drop.
+    pub struct WriterBuffers {
+        before: u64,
+    }
+
+    /// A writer's 32 buffers of 1 MiB and fio's alignment page, in 2 MiB pages, with room:
+    /// seen, 16 in use and 2 reserved.
+    const HUGE_PAGES_PER_WRITER: u64 = 20;
+    const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+    impl WriterBuffers {
+        pub fn reserve(writers: u64) -> Result<WriterBuffers, String> {
+            let read = || -> Result<u64, String> {
+                let text = std::fs::read_to_string(NR_HUGEPAGES)
+                    .map_err(|e| format!("{NR_HUGEPAGES}: {e}"))?;
+                text.trim()
+                    .parse()
+                    .map_err(|e| format!("{NR_HUGEPAGES}: {text:?}: {e}"))
+            };
+            let write = |pages: u64| {
+                std::fs::write(NR_HUGEPAGES, pages.to_string())
+                    .map_err(|e| format!("{NR_HUGEPAGES}: writing {pages}: {e} (needs root)"))
+            };
+            let before = read()?;
+            let want = before + writers * HUGE_PAGES_PER_WRITER;
+            write(want)?;
+            let got = read()?;
+            if got < want {
+                write(before)?;
+                return Err(format!(
+                    "{NR_HUGEPAGES}: the kernel found {got} of the {want} 2 MiB pages the \
+                     writers' buffers need (memory too fragmented): compact it \
+                     (echo 1 > /proc/sys/vm/compact_memory) and run again"
+                ));
+            }
+            Ok(WriterBuffers { before })
+        }
+    }
+
+    impl Drop for WriterBuffers {
+        fn drop(&mut self) {
+            if let Err(e) = std::fs::write(NR_HUGEPAGES, self.before.to_string()) {
+                eprintln!("{NR_HUGEPAGES}: setting it back to {}: {e}", self.before);
+            }
+        }
     }
 
     /// `service_stats` of one service, in cycle order.

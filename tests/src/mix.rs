@@ -220,9 +220,12 @@ fn run_once(
     ];
     std::thread::sleep(Duration::from_secs(mix.solo_s));
     let start_ms = t0.elapsed().as_millis() as u64;
+    let buffers = noisy::WriterBuffers::reserve(2)?;
     let mut writers = [
-        cg.ingest.spawn(&noisy::writer(&files.ingest, mix.seconds)),
-        cg.backup.spawn(&noisy::writer(&files.backup, mix.seconds)),
+        cg.ingest
+            .spawn(&noisy::writer(&files.ingest, mix.seconds, &buffers)),
+        cg.backup
+            .spawn(&noisy::writer(&files.backup, mix.seconds, &buffers)),
     ];
     let writers_ok = writers
         .iter_mut()

@@ -640,7 +640,8 @@ pub fn run_next_to_writer(
     let bench = cluster.start_pgbench(load, solo_s + writer_s + 2, &prefix);
     std::thread::sleep(Duration::from_secs(solo_s));
     let writer_start_us = epoch_us();
-    let mut writer = backup.spawn(&noisy::writer(wfile, writer_s));
+    let buffers = noisy::WriterBuffers::reserve(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut writer = backup.spawn(&noisy::writer(wfile, writer_s, &buffers));
     let writer_ok = writer.wait().is_ok_and(|s| s.success());
     let writer_end_us = epoch_us();
     finish(

@@ -32,9 +32,9 @@ impl Aggressor {
         }
     }
 
-    fn command(self, file: &Path, runtime_s: u64) -> String {
+    fn command(self, file: &Path, runtime_s: u64, buffers: &noisy::WriterBuffers) -> String {
         match self {
-            Aggressor::Writer => noisy::writer(file, runtime_s),
+            Aggressor::Writer => noisy::writer(file, runtime_s, buffers),
             // On one CPU of the two: at 80k IOPS its submissions and completions take a
             // whole CPU, and on a shared one the reader would wait for the scheduler, not the
             // disk (a host of 64+ CPUs keeps them apart).
@@ -412,6 +412,8 @@ pub fn run_once(
     let lat_log = scratch.path("reader");
     let on_total = scenario.on_s * u64::from(scenario.times)
         + scenario.off_s * u64::from(scenario.times.saturating_sub(1));
+    // The scan needs none, but one reservation for every aggressor keeps one path.
+    let buffers = noisy::WriterBuffers::reserve(1)?;
     let t0 = Instant::now();
     let mut reader =
         db.spawn(&a.reader_command(&files.reader, scenario.solo_s + on_total + 2, &lat_log));
@@ -423,7 +425,7 @@ pub fn run_once(
             std::thread::sleep(Duration::from_secs(scenario.off_s));
         }
         let start = t0.elapsed().as_millis() as u64;
-        let mut child = backup.spawn(&a.command(aggressor_file, scenario.on_s));
+        let mut child = backup.spawn(&a.command(aggressor_file, scenario.on_s, &buffers));
         aggressor_ok &= child.wait().is_ok_and(|s| s.success());
         phases_ms.push((start, t0.elapsed().as_millis() as u64));
     }
