@@ -991,6 +991,7 @@ pub mod noisy {
     const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 
     impl WriterBuffers {
+        /// Reserving for no writer changes nothing (the same value is written back).
         pub fn reserve(writers: u64) -> Result<WriterBuffers, String> {
             let read = || -> Result<u64, String> {
                 let text = std::fs::read_to_string(NR_HUGEPAGES)

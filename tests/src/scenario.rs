@@ -412,8 +412,8 @@ pub fn run_once(
     let lat_log = scratch.path("reader");
     let on_total = scenario.on_s * u64::from(scenario.times)
         + scenario.off_s * u64::from(scenario.times.saturating_sub(1));
-    // The scan needs none, but one reservation for every aggressor keeps one path.
-    let buffers = noisy::WriterBuffers::reserve(1)?;
+    // Pages for the writer only: the scan's buffers are 4 KiB and need none.
+    let buffers = noisy::WriterBuffers::reserve(u64::from(a == Aggressor::Writer))?;
     let t0 = Instant::now();
     let mut reader =
         db.spawn(&a.reader_command(&files.reader, scenario.solo_s + on_total + 2, &lat_log));
