@@ -40,6 +40,11 @@ pub trait BlockDevices: Send {
     fn exists(&self, dev: &str) -> bool;
     /// Limits go on whole disks only.
     fn is_partition(&self, dev: &str) -> bool;
+    /// Whether the disk says it is rotational (its blk-throttle slice depends on it); None
+    /// when it does not say.
+    fn rotational(&self, _dev: &str) -> Option<bool> {
+        None
+    }
 }
 
 /// The mounted cgroupfs.
@@ -90,5 +95,15 @@ impl BlockDevices for SysfsBlockDevices {
 
     fn is_partition(&self, dev: &str) -> bool {
         Path::new(&format!("/sys/dev/block/{dev}/partition")).exists()
+    }
+
+    fn rotational(&self, dev: &str) -> Option<bool> {
+        let text =
+            std::fs::read_to_string(format!("/sys/dev/block/{dev}/queue/rotational")).ok()?;
+        match text.trim() {
+            "1" => Some(true),
+            "0" => Some(false),
+            _ => None,
+        }
     }
 }

@@ -12,15 +12,18 @@ mod host_files;
 mod host_lock;
 mod journal;
 mod knob;
+mod slice_phase;
 
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use serde::Serialize;
 use thiserror::Error;
 
+use self::slice_phase::SlicePhases;
 pub use self::{
     host_files::{BlockDevices, CgroupFiles, HostCgroupFiles, PathEntry, SysfsBlockDevices},
     host_lock::HostLock,
@@ -151,6 +154,36 @@ fn read_file(files: &dyn CgroupFiles, file: &Path) -> Result<String, EnforceErro
     })
 }
 
+/// Holds back the write of limit `s` on cgroup `ino` until its throttle slice would start
+/// out of phase with the other capped cgroups' on its device (see `slice_phase`): at most
+/// one slice, 20-100 ms. `slices` caches each device's slice.
+fn wait_for_phase(
+    phases: Option<&SlicePhases>,
+    slices: &mut HashMap<u32, std::time::Duration>,
+    devices: &dyn BlockDevices,
+    s: Setting,
+    ino: u64,
+) {
+    let (
+        Some(phases),
+        Setting::Limit {
+            dev,
+            value: Some(_),
+            ..
+        },
+    ) = (phases, s)
+    else {
+        return;
+    };
+    let slice = *slices
+        .entry(dev)
+        .or_insert_with(|| slice_phase::slice_of(devices.rotational(&dev_str(dev))));
+    let wait = phases.wait(dev, ino, Instant::now(), slice);
+    if !wait.is_zero() {
+        std::thread::sleep(wait);
+    }
+}
+
 fn dev_str(dev: u32) -> String {
     crate::identify::disks::dev_text(dev)
 }
@@ -188,6 +221,12 @@ pub struct Enforcer {
     yielded: HashSet<(u64, KnobRef)>,
     files: Box<dyn CgroupFiles>,
     devices: Box<dyn BlockDevices>,
+    /// When each capped cgroup's limit was written, to write the next one on its device
+    /// out of phase (see `slice_phase`); None on an in-memory host, whose writes need no
+    /// spreading and whose tests should not sleep.
+    phases: Option<SlicePhases>,
+    /// Each device's throttle slice, read once.
+    slices: HashMap<u32, std::time::Duration>,
     /// Held while enforcing; released only after [`Drop`] restored what is left.
     _host: Option<HostLock>,
 }
@@ -202,6 +241,8 @@ impl Enforcer {
             yielded: HashSet::new(),
             files: Box::new(HostCgroupFiles),
             devices: Box::new(SysfsBlockDevices),
+            phases: Some(SlicePhases::new(Instant::now())),
+            slices: HashMap::new(),
             _host: None,
         }
     }
@@ -214,6 +255,7 @@ impl Enforcer {
     ) -> Enforcer {
         self.files = files;
         self.devices = devices;
+        self.phases = None;
         self
     }
 
@@ -370,9 +412,19 @@ impl Enforcer {
         }
         let mut closed = false;
         for p in planned {
+            wait_for_phase(
+                self.phases.as_ref(),
+                &mut self.slices,
+                self.devices.as_ref(),
+                s,
+                p.ino,
+            );
             if let Err(e) = write_line(self.files.as_ref(), &p.file, &line) {
                 results[p.slot] = Err(e);
                 continue;
+            }
+            if let (Some(phases), Setting::Limit { dev, value, .. }) = (self.phases.as_mut(), s) {
+                phases.record(dev, p.ino, value.map(|_| Instant::now()));
             }
             if let Some(i) = journal.find(p.ino, &knob) {
                 let e = &mut journal.entries_mut()[i];
