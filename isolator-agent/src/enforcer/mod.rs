@@ -600,6 +600,9 @@ impl Enforcer {
     /// their knobs are put back where they still exist, and closed where they do not.
     pub fn release(&mut self, cgroup_inos: &[u64]) -> Vec<Restored> {
         let inos: HashSet<u64> = cgroup_inos.iter().copied().collect();
+        if let Some(phases) = self.phases.as_mut() {
+            phases.forget(&inos);
+        }
         self.restore_where(|e| inos.contains(&e.cgroup_ino))
     }
 

@@ -22,7 +22,7 @@
 //! empty since starts its next slice with its next bio, wherever that falls.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -87,6 +87,14 @@ impl SlicePhases {
             .min()
             .unwrap_or(0);
         Duration::from_nanos(wait_ns as u64)
+    }
+
+    /// Cgroups that left their services: their limits are put back, their phases no
+    /// constraint.
+    pub fn forget(&mut self, inos: &HashSet<u64>) {
+        for m in self.written.values_mut() {
+            m.retain(|ino, _| !inos.contains(ino));
+        }
     }
 
     /// `ino` holds a limit on `dev` written at `at` (None: it holds none now).
@@ -215,6 +223,23 @@ mod tests {
                 "{slice:?}: phases {phases:?} leave a gap of {least} ns"
             );
         }
+    }
+
+    #[test]
+    fn a_cgroup_that_left_is_no_constraint() {
+        let t0 = Instant::now();
+        let mut p = SlicePhases::new(t0);
+        p.record(1, 10, Some(t0));
+        p.record(2, 10, Some(t0));
+        p.forget(&[10].into_iter().collect());
+        assert_eq!(
+            p.wait(1, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
+            Duration::ZERO
+        );
+        assert_eq!(
+            p.wait(2, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
+            Duration::ZERO
+        );
     }
 
     #[test]
