@@ -362,7 +362,8 @@ impl Agent {
         let enforcer = if opts.config.is_some() && !opts.dry_run {
             let lock = HostLock::acquire(&hierarchy.root)?;
             let mut e = Enforcer::new(hierarchy.clone(), Some(Journal::open(&opts.journal_dir)?))
-                .with_host_lock(lock);
+                .with_host_lock(lock)
+                .with_slice_phases();
             for r in e.recover()? {
                 early_events.push(Event::restore("recovery", r));
             }

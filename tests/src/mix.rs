@@ -224,11 +224,13 @@ fn run_once(
     let ingest = cg
         .ingest
         .spawn(&noisy::writer(&files.ingest, mix.seconds, &buffers));
-    // Half a throttle slice (100 ms here) apart: under static caps each writer's slice starts
-    // with its first bio, and two started in one instant run in phase, their bios
+    // About half a throttle slice (100 ms here) apart: under static caps each writer's slice
+    // starts with its first bio, and two started in one instant run in phase, their bios
     // interleaved and unmerged (2.2x the requests for the same bytes; see the enforcer's
     // `slice_phase`), which set the best static cap by luck (BENCHMARKS run CC: static
-    // 150 MB/s at 71 requests/s in two repeats, 189 in the third, which broke).
+    // 150 MB/s at 71 requests/s in two repeats, 189 in the third, which broke). Apart at
+    // spawn is not always apart at the first bio (fio's start-up varies): run CD still saw
+    // three static runs of twelve locked.
     std::thread::sleep(Duration::from_millis(50));
     let backup = cg
         .backup

@@ -17,7 +17,7 @@ mod slice_phase;
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use serde::Serialize;
@@ -155,33 +155,34 @@ fn read_file(files: &dyn CgroupFiles, file: &Path) -> Result<String, EnforceErro
 }
 
 /// Holds back the write of limit `s` on cgroup `ino` until its throttle slice would start
-/// out of phase with the other capped cgroups' on its device (see `slice_phase`): at most
-/// one slice, 20-100 ms. `slices` caches each device's slice.
+/// out of phase with the other throttled cgroups' on its device (see `slice_phase`), and
+/// returns the instant it aimed at (None: not a write whose phase matters). `waited` is what
+/// this batch of writes waited so far: a batch waits at most one slice in all (20-100 ms),
+/// the writes past that go at once. `slices` caches each device's slice.
 fn wait_for_phase(
     phases: Option<&SlicePhases>,
-    slices: &mut HashMap<u32, std::time::Duration>,
+    slices: &mut HashMap<u32, Duration>,
     devices: &dyn BlockDevices,
-    s: Setting,
-    ino: u64,
-) {
-    let (
-        Some(phases),
-        Setting::Limit {
-            dev,
-            value: Some(_),
-            ..
-        },
-    ) = (phases, s)
-    else {
-        return;
+    (s, ino): (Setting, u64),
+    waited: &mut Duration,
+) -> Option<Instant> {
+    let (Some(phases), Setting::Limit { dev, knob, value }) = (phases, s) else {
+        return None;
     };
+    if !phases.matters(dev, ino, knob, value.is_some()) {
+        return None;
+    }
     let slice = *slices
         .entry(dev)
         .or_insert_with(|| slice_phase::slice_of(devices.rotational(&dev_str(dev))));
-    let wait = phases.wait(dev, ino, Instant::now(), slice);
-    if !wait.is_zero() {
-        std::thread::sleep(wait);
+    let now = Instant::now();
+    let wait = phases.wait(dev, ino, now, slice);
+    if wait.is_zero() || *waited + wait > slice {
+        return Some(now);
     }
+    std::thread::sleep(wait);
+    *waited += wait;
+    Some(now + wait)
 }
 
 fn dev_str(dev: u32) -> String {
@@ -221,12 +222,12 @@ pub struct Enforcer {
     yielded: HashSet<(u64, KnobRef)>,
     files: Box<dyn CgroupFiles>,
     devices: Box<dyn BlockDevices>,
-    /// When each capped cgroup's limit was written, to write the next one on its device
-    /// out of phase (see `slice_phase`); None on an in-memory host, whose writes need no
-    /// spreading and whose tests should not sleep.
+    /// When each capped cgroup's limits were written, to write the next one on its device
+    /// out of phase (see `slice_phase`); None unless asked for
+    /// ([`Enforcer::with_slice_phases`]): tests on temporary files should not sleep.
     phases: Option<SlicePhases>,
     /// Each device's throttle slice, read once.
-    slices: HashMap<u32, std::time::Duration>,
+    slices: HashMap<u32, Duration>,
     /// Held while enforcing; released only after [`Drop`] restored what is left.
     _host: Option<HostLock>,
 }
@@ -241,7 +242,7 @@ impl Enforcer {
             yielded: HashSet::new(),
             files: Box::new(HostCgroupFiles),
             devices: Box::new(SysfsBlockDevices),
-            phases: Some(SlicePhases::new(Instant::now())),
+            phases: None,
             slices: HashMap::new(),
             _host: None,
         }
@@ -255,13 +256,19 @@ impl Enforcer {
     ) -> Enforcer {
         self.files = files;
         self.devices = devices;
-        self.phases = None;
         self
     }
 
     /// The cgroup files this enforcer reads and writes.
     pub fn files(&self) -> &dyn CgroupFiles {
         self.files.as_ref()
+    }
+
+    /// Writes limits out of phase with the other throttled cgroups' on their device (see
+    /// `slice_phase`): a write may wait up to one throttle slice.
+    pub fn with_slice_phases(mut self) -> Enforcer {
+        self.phases = Some(SlicePhases::new(Instant::now()));
+        self
     }
 
     /// Holds the host's enforcement lock for as long as this enforcer lives.
@@ -366,6 +373,12 @@ impl Enforcer {
                         journal.entries_mut().remove(i);
                         journal_changed = true;
                         self.yielded.insert(id);
+                        // Theirs now: its phase is no longer the agent's to keep apart.
+                        if let (Some(phases), Setting::Limit { dev, knob, .. }) =
+                            (self.phases.as_mut(), s)
+                        {
+                            phases.record(dev, ino, knob, false, Instant::now());
+                        }
                         results.push(Err(EnforceError::ChangedByOther {
                             file,
                             knob: knob.describe(),
@@ -411,20 +424,22 @@ impl Enforcer {
             }
         }
         let mut closed = false;
+        let mut waited = Duration::ZERO;
         for p in planned {
-            wait_for_phase(
+            let at = wait_for_phase(
                 self.phases.as_ref(),
                 &mut self.slices,
                 self.devices.as_ref(),
-                s,
-                p.ino,
+                (s, p.ino),
+                &mut waited,
             );
             if let Err(e) = write_line(self.files.as_ref(), &p.file, &line) {
                 results[p.slot] = Err(e);
                 continue;
             }
-            if let (Some(phases), Setting::Limit { dev, value, .. }) = (self.phases.as_mut(), s) {
-                phases.record(dev, p.ino, value.map(|_| Instant::now()));
+            if let (Some(phases), Setting::Limit { dev, knob, value }) = (self.phases.as_mut(), s) {
+                let at = at.unwrap_or_else(Instant::now);
+                phases.record(dev, p.ino, knob, value.is_some(), at);
             }
             if let Some(i) = journal.find(p.ino, &knob) {
                 let e = &mut journal.entries_mut()[i];

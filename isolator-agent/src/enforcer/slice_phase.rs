@@ -26,50 +26,82 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::policy::Knob;
+
 /// The throttle slice on rotational disks, and on every disk of most kernels.
 pub const SLICE_ROTATIONAL: Duration = Duration::from_millis(100);
 /// The shortest slice a kernel uses (non-rotational disks, 6.9 and later).
 pub const SLICE_NON_ROTATIONAL: Duration = Duration::from_millis(20);
-/// The most a limit's write is held back for a spread: a few jiffies at HZ 100-1000 (at HZ
-/// 250, 4 ms apart gave most of the gain, 13 ms all of it).
+/// The widest spacing sought between two cgroups' phases: a few jiffies at HZ 100-1000 (at
+/// HZ 250, 4 ms apart gave most of the gain, 13 ms all of it). A write may still wait up to
+/// a slice for a phase that far from every other.
 const MAX_GAP: Duration = Duration::from_millis(20);
+/// The narrowest: under a jiffy at HZ 250 two writes may fall in one tick. Where this many
+/// cgroups leave no phase this far from every other, the limit is written at once.
+const MIN_GAP: Duration = Duration::from_millis(5);
 
-/// The instant each capped cgroup's limit was last written, per device.
+/// What one cgroup holds on one device: the limits (a bit per [`Knob`]) and when the last
+/// write to any of them restarted its slice (a write that lifts one restarts it too).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    at: Instant,
+    knobs: u8,
+}
+
+fn bit(knob: Knob) -> u8 {
+    1 << Knob::ALL.iter().position(|&k| k == knob).unwrap_or(0)
+}
+
+/// The instant each capped cgroup's limits were last written, per device.
 #[derive(Debug)]
 pub struct SlicePhases {
     epoch: Instant,
-    written: HashMap<u32, HashMap<u64, Instant>>,
+    held: HashMap<u32, HashMap<u64, Held>>,
 }
 
 impl SlicePhases {
     pub fn new(epoch: Instant) -> SlicePhases {
         SlicePhases {
             epoch,
-            written: HashMap::new(),
+            held: HashMap::new(),
         }
     }
 
+    /// Whether a write of `knob` on cgroup `ino` (`capped`: a limit, not a lift) leaves it
+    /// throttled on `dev`: then its slice's phase matters.
+    pub fn matters(&self, dev: u32, ino: u64, knob: Knob, capped: bool) -> bool {
+        capped
+            || self
+                .held
+                .get(&dev)
+                .and_then(|m| m.get(&ino))
+                .is_some_and(|h| h.knobs & !bit(knob) != 0)
+    }
+
     /// How long to wait from `now` before writing a limit on cgroup `ino` on `dev`, whose
-    /// throttle slice is `slice`: until the first instant whose phase is at least a gap away
-    /// from every other capped cgroup's there. The gap is [`MAX_GAP`], or less where that
-    /// many cgroups leave no room: with k others, a gap of slice / 2(k+1) always leaves some.
+    /// throttle slice is `slice` (always under `slice`): until the first instant whose phase
+    /// is at least a gap away from every other throttled cgroup's there. The gap is
+    /// [`MAX_GAP`], or less where that many cgroups leave no room (with k others, a gap of
+    /// slice / 2(k+1) always leaves some), but not under [`MIN_GAP`]: no wait when no
+    /// phase is that clear.
     pub fn wait(&self, dev: u32, ino: u64, now: Instant, slice: Duration) -> Duration {
         let slice_ns = slice.as_nanos().max(1);
         let phase = |t: Instant| t.saturating_duration_since(self.epoch).as_nanos() % slice_ns;
         let others: Vec<u128> = self
-            .written
+            .held
             .get(&dev)
             .into_iter()
             .flatten()
             .filter(|(&other, _)| other != ino)
-            .map(|(_, &t)| phase(t))
+            .map(|(_, h)| phase(h.at))
             .collect();
         if others.is_empty() {
             return Duration::ZERO;
         }
         let gap = MAX_GAP
             .as_nanos()
-            .min(slice_ns / (2 * (others.len() as u128 + 1)));
+            .min(slice_ns / (2 * (others.len() as u128 + 1)))
+            .max(MIN_GAP.as_nanos());
         let distance = |a: u128, b: u128| {
             let d = a.abs_diff(b);
             d.min(slice_ns - d)
@@ -92,22 +124,25 @@ impl SlicePhases {
     /// Cgroups that left their services: their limits are put back, their phases no
     /// constraint.
     pub fn forget(&mut self, inos: &HashSet<u64>) {
-        for m in self.written.values_mut() {
+        for m in self.held.values_mut() {
             m.retain(|ino, _| !inos.contains(ino));
         }
     }
 
-    /// `ino` holds a limit on `dev` written at `at` (None: it holds none now).
-    pub fn record(&mut self, dev: u32, ino: u64, at: Option<Instant>) {
-        match at {
-            Some(at) => {
-                self.written.entry(dev).or_default().insert(ino, at);
-            }
-            None => {
-                if let Some(m) = self.written.get_mut(&dev) {
-                    m.remove(&ino);
-                }
-            }
+    /// `knob` on cgroup `ino` on `dev` was written at `at`: a limit (`capped`) or a lift. A
+    /// cgroup left with no limit there is no constraint any more.
+    pub fn record(&mut self, dev: u32, ino: u64, knob: Knob, capped: bool, at: Instant) {
+        let m = self.held.entry(dev).or_default();
+        let knobs = m.get(&ino).map_or(0, |h| h.knobs);
+        let knobs = if capped {
+            knobs | bit(knob)
+        } else {
+            knobs & !bit(knob)
+        };
+        if knobs == 0 {
+            m.remove(&ino);
+        } else {
+            m.insert(ino, Held { at, knobs });
         }
     }
 }
@@ -145,7 +180,7 @@ mod tests {
     fn a_second_limit_a_whole_number_of_seconds_later_waits_out_the_gap() {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
-        p.record(1, 10, Some(t0 + 1000 * MS));
+        p.record(1, 10, Knob::Wbps, true, t0 + 1000 * MS);
         // Cycles a second apart land in the same phase of a 100 ms slice.
         let now = t0 + 3000 * MS;
         let w = p.wait(1, 11, now, SLICE_ROTATIONAL);
@@ -157,7 +192,7 @@ mod tests {
     fn a_limit_already_out_of_phase_is_written_at_once() {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
-        p.record(1, 10, Some(t0));
+        p.record(1, 10, Knob::Wbps, true, t0);
         assert_eq!(
             p.wait(1, 11, t0 + 1050 * MS, SLICE_ROTATIONAL),
             Duration::ZERO
@@ -171,7 +206,7 @@ mod tests {
     fn rewriting_a_cgroups_own_limit_ignores_its_own_phase() {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
-        p.record(1, 10, Some(t0));
+        p.record(1, 10, Knob::Wbps, true, t0);
         assert_eq!(
             p.wait(1, 10, t0 + 2000 * MS, SLICE_ROTATIONAL),
             Duration::ZERO
@@ -182,55 +217,84 @@ mod tests {
     fn other_devices_and_lifted_limits_do_not_count() {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
-        p.record(2, 10, Some(t0));
-        p.record(1, 12, Some(t0));
-        p.record(1, 12, None);
+        p.record(2, 10, Knob::Wbps, true, t0);
+        p.record(1, 12, Knob::Wbps, true, t0);
+        p.record(1, 12, Knob::Wbps, false, t0 + 500 * MS);
         assert_eq!(
             p.wait(1, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
             Duration::ZERO
         );
     }
 
-    #[test]
-    fn many_cgroups_get_phases_a_gap_apart_within_one_slice_each() {
+    /// Places `n` cgroups' limits one cycle apart (the same phase each time, left alone) and
+    /// returns the narrowest gap between their phases, in ns.
+    fn narrowest_gap(slice: Duration, n: u64) -> u128 {
         let t0 = Instant::now();
-        for slice in [SLICE_ROTATIONAL, SLICE_NON_ROTATIONAL] {
-            let mut p = SlicePhases::new(t0);
-            let mut now = t0 + 5000 * MS;
-            for ino in 0..8u64 {
-                let w = p.wait(1, ino, now, slice);
-                assert!(w < slice, "{ino}: waited {w:?} of a {slice:?} slice");
-                now += w;
-                p.record(1, ino, Some(now));
-                // The next decision comes a whole cycle later: the same phase.
-                now += 1000 * MS;
-            }
-            let mut phases: Vec<u128> = p.written[&1]
-                .values()
-                .map(|&t| (t - t0).as_nanos() % slice.as_nanos())
-                .collect();
-            phases.sort_unstable();
-            let gaps: Vec<u128> = phases
-                .windows(2)
-                .map(|w| w[1] - w[0])
-                .chain(std::iter::once(
-                    phases[0] + slice.as_nanos() - phases[phases.len() - 1],
-                ))
-                .collect();
-            let least = *gaps.iter().min().unwrap();
-            assert!(
-                least * 16 >= slice.as_nanos(),
-                "{slice:?}: phases {phases:?} leave a gap of {least} ns"
-            );
+        let mut p = SlicePhases::new(t0);
+        let mut now = t0 + 5000 * MS;
+        for ino in 0..n {
+            now += p.wait(1, ino, now, slice);
+            p.record(1, ino, Knob::Wbps, true, now);
+            now += 1000 * MS;
         }
+        let mut phases: Vec<u128> = p.held[&1]
+            .values()
+            .map(|h| (h.at - t0).as_nanos() % slice.as_nanos())
+            .collect();
+        phases.sort_unstable();
+        phases
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .chain(std::iter::once(
+                phases[0] + slice.as_nanos() - phases[phases.len() - 1],
+            ))
+            .min()
+            .unwrap()
+    }
+
+    #[test]
+    fn cgroups_get_phases_a_gap_apart_as_far_as_the_slice_has_room() {
+        // 100 ms, 8 cgroups: slice / 16 apart at least.
+        assert!(narrowest_gap(SLICE_ROTATIONAL, 8) >= SLICE_ROTATIONAL.as_nanos() / 16);
+        // 20 ms: two get the floor gap.
+        assert!(narrowest_gap(SLICE_NON_ROTATIONAL, 2) >= MIN_GAP.as_nanos());
+    }
+
+    #[test]
+    fn with_no_phase_clear_of_the_others_the_limit_is_written_at_once() {
+        let t0 = Instant::now();
+        let mut p = SlicePhases::new(t0);
+        for (ino, ms) in [(1u64, 0u32), (2, 5), (3, 10), (4, 15)] {
+            p.record(1, ino, Knob::Wbps, true, t0 + ms * MS);
+        }
+        assert_eq!(
+            p.wait(1, 9, t0 + 1002 * MS, SLICE_NON_ROTATIONAL),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_lift_matters_while_the_cgroup_keeps_another_limit_there() {
+        let t0 = Instant::now();
+        let mut p = SlicePhases::new(t0);
+        p.record(1, 10, Knob::Wbps, true, t0);
+        p.record(1, 10, Knob::Riops, true, t0 + 40 * MS);
+        assert!(p.matters(1, 10, Knob::Wbps, false));
+        // Lifting one restarts its slice: the new instant is its phase.
+        p.record(1, 10, Knob::Wbps, false, t0 + 70 * MS);
+        assert_eq!(p.held[&1][&10].at, t0 + 70 * MS);
+        assert!(!p.matters(1, 10, Knob::Riops, false));
+        assert!(p.matters(1, 10, Knob::Riops, true));
+        p.record(1, 10, Knob::Riops, false, t0 + 90 * MS);
+        assert!(!p.held[&1].contains_key(&10));
     }
 
     #[test]
     fn a_cgroup_that_left_is_no_constraint() {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
-        p.record(1, 10, Some(t0));
-        p.record(2, 10, Some(t0));
+        p.record(1, 10, Knob::Wbps, true, t0);
+        p.record(2, 10, Knob::Wbps, true, t0);
         p.forget(&[10].into_iter().collect());
         assert_eq!(
             p.wait(1, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
