@@ -17,7 +17,7 @@ mod slice_phase;
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use serde::Serialize;
@@ -154,37 +154,6 @@ fn read_file(files: &dyn CgroupFiles, file: &Path) -> Result<String, EnforceErro
     })
 }
 
-/// Holds back the write of limit `s` on cgroup `ino` until its throttle slice would start
-/// out of phase with the other throttled cgroups' on its device (see `slice_phase`), and
-/// returns the instant it aimed at (None: not a write whose phase matters). `waited` is what
-/// this batch of writes waited so far: a batch waits at most one slice in all (20-100 ms),
-/// the writes past that go at once. `slices` caches each device's slice.
-fn wait_for_phase(
-    phases: Option<&SlicePhases>,
-    slices: &mut HashMap<u32, Duration>,
-    devices: &dyn BlockDevices,
-    (s, ino): (Setting, u64),
-    waited: &mut Duration,
-) -> Option<Instant> {
-    let (Some(phases), Setting::Limit { dev, knob, value }) = (phases, s) else {
-        return None;
-    };
-    if !phases.matters(dev, ino, knob, value.is_some()) {
-        return None;
-    }
-    let slice = *slices
-        .entry(dev)
-        .or_insert_with(|| slice_phase::slice_of(devices.rotational(&dev_str(dev))));
-    let now = Instant::now();
-    let wait = phases.wait(dev, ino, now, slice);
-    if wait.is_zero() || *waited + wait > slice {
-        return Some(now);
-    }
-    std::thread::sleep(wait);
-    *waited += wait;
-    Some(now + wait)
-}
-
 fn dev_str(dev: u32) -> String {
     crate::identify::disks::dev_text(dev)
 }
@@ -226,8 +195,6 @@ pub struct Enforcer {
     /// out of phase (see `slice_phase`); None unless asked for
     /// ([`Enforcer::with_slice_phases`]): tests on temporary files should not sleep.
     phases: Option<SlicePhases>,
-    /// Each device's throttle slice, read once.
-    slices: HashMap<u32, Duration>,
     /// Held while enforcing; released only after [`Drop`] restored what is left.
     _host: Option<HostLock>,
 }
@@ -243,7 +210,6 @@ impl Enforcer {
             files: Box::new(HostCgroupFiles),
             devices: Box::new(SysfsBlockDevices),
             phases: None,
-            slices: HashMap::new(),
             _host: None,
         }
     }
@@ -265,7 +231,7 @@ impl Enforcer {
     }
 
     /// Writes limits out of phase with the other throttled cgroups' on their device (see
-    /// `slice_phase`): a write may wait up to one throttle slice.
+    /// `slice_phase`): writes wait at most one throttle slice a second in all.
     pub fn with_slice_phases(mut self) -> Enforcer {
         self.phases = Some(SlicePhases::new(Instant::now()));
         self
@@ -424,15 +390,23 @@ impl Enforcer {
             }
         }
         let mut closed = false;
-        let mut waited = Duration::ZERO;
         for p in planned {
-            let at = wait_for_phase(
-                self.phases.as_ref(),
-                &mut self.slices,
-                self.devices.as_ref(),
-                (s, p.ino),
-                &mut waited,
-            );
+            // Out of phase with the other throttled cgroups' slices (see `slice_phase`).
+            let at = match (self.phases.as_mut(), s) {
+                (Some(phases), Setting::Limit { dev, knob, value }) => {
+                    let devices = &self.devices;
+                    phases.plan(
+                        (dev, p.ino),
+                        (knob, value.is_some()),
+                        Instant::now(),
+                        || devices.rotational(&dev_str(dev)),
+                    )
+                }
+                _ => None,
+            };
+            if let Some(at) = at {
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            }
             if let Err(e) = write_line(self.files.as_ref(), &p.file, &line) {
                 results[p.slot] = Err(e);
                 continue;

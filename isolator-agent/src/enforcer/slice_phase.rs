@@ -29,9 +29,9 @@ use std::{
 use crate::policy::Knob;
 
 /// The throttle slice on rotational disks, and on every disk of most kernels.
-pub const SLICE_ROTATIONAL: Duration = Duration::from_millis(100);
+const SLICE_ROTATIONAL: Duration = Duration::from_millis(100);
 /// The shortest slice a kernel uses (non-rotational disks, 6.9 and later).
-pub const SLICE_NON_ROTATIONAL: Duration = Duration::from_millis(20);
+const SLICE_NON_ROTATIONAL: Duration = Duration::from_millis(20);
 /// The widest spacing sought between two cgroups' phases: a few jiffies at HZ 100-1000 (at
 /// HZ 250, 4 ms apart gave most of the gain, 13 ms all of it). A write may still wait up to
 /// a slice for a phase that far from every other.
@@ -39,6 +39,11 @@ const MAX_GAP: Duration = Duration::from_millis(20);
 /// The narrowest: under a jiffy at HZ 250 two writes may fall in one tick. Where this many
 /// cgroups leave no phase this far from every other, the limit is written at once.
 const MIN_GAP: Duration = Duration::from_millis(5);
+
+/// Waiting for phases is bounded per this window, not per write or decision: at most one
+/// slice of it a second (the shortest cycle), however many limits a cycle changes, so the
+/// cycle that writes them stays well inside its second.
+const WAIT_WINDOW: Duration = Duration::from_secs(1);
 
 /// What one cgroup holds on one device: the limits (a bit per [`Knob`]) and when the last
 /// write to any of them restarted its slice (a write that lifts one restarts it too).
@@ -49,7 +54,7 @@ struct Held {
 }
 
 fn bit(knob: Knob) -> u8 {
-    1 << Knob::ALL.iter().position(|&k| k == knob).unwrap_or(0)
+    1 << knob as u8
 }
 
 /// The instant each capped cgroup's limits were last written, per device.
@@ -57,6 +62,10 @@ fn bit(knob: Knob) -> u8 {
 pub struct SlicePhases {
     epoch: Instant,
     held: HashMap<u32, HashMap<u64, Held>>,
+    /// Each device's slice, looked up once.
+    slices: HashMap<u32, Duration>,
+    /// The start of the current [`WAIT_WINDOW`] and what was waited in it.
+    waited: (Instant, Duration),
 }
 
 impl SlicePhases {
@@ -64,12 +73,43 @@ impl SlicePhases {
         SlicePhases {
             epoch,
             held: HashMap::new(),
+            slices: HashMap::new(),
+            waited: (epoch, Duration::ZERO),
         }
+    }
+
+    /// When to write `knob` on cgroup `ino` on `dev` (`capped`: a limit, not a lift), from
+    /// `now`: None when its phase does not matter, else `now` plus [`Self::wait`], or `now`
+    /// itself once this window's waiting has reached a slice. `rotational` says the disk's
+    /// kind, asked once per device.
+    pub fn plan(
+        &mut self,
+        (dev, ino): (u32, u64),
+        (knob, capped): (Knob, bool),
+        now: Instant,
+        rotational: impl FnOnce() -> Option<bool>,
+    ) -> Option<Instant> {
+        if !self.matters(dev, ino, knob, capped) {
+            return None;
+        }
+        let slice = *self
+            .slices
+            .entry(dev)
+            .or_insert_with(|| slice_of(rotational()));
+        let wait = self.wait(dev, ino, now, slice);
+        if now.saturating_duration_since(self.waited.0) >= WAIT_WINDOW {
+            self.waited = (now, Duration::ZERO);
+        }
+        if self.waited.1 + wait > slice {
+            return Some(now);
+        }
+        self.waited.1 += wait;
+        Some(now + wait)
     }
 
     /// Whether a write of `knob` on cgroup `ino` (`capped`: a limit, not a lift) leaves it
     /// throttled on `dev`: then its slice's phase matters.
-    pub fn matters(&self, dev: u32, ino: u64, knob: Knob, capped: bool) -> bool {
+    fn matters(&self, dev: u32, ino: u64, knob: Knob, capped: bool) -> bool {
         capped
             || self
                 .held
@@ -84,7 +124,7 @@ impl SlicePhases {
     /// [`MAX_GAP`], or less where that many cgroups leave no room (with k others, a gap of
     /// slice / 2(k+1) always leaves some), but not under [`MIN_GAP`]: no wait when no
     /// phase is that clear.
-    pub fn wait(&self, dev: u32, ino: u64, now: Instant, slice: Duration) -> Duration {
+    fn wait(&self, dev: u32, ino: u64, now: Instant, slice: Duration) -> Duration {
         let slice_ns = slice.as_nanos().max(1);
         let phase = |t: Instant| t.saturating_duration_since(self.epoch).as_nanos() % slice_ns;
         let others: Vec<u128> = self
@@ -149,7 +189,7 @@ impl SlicePhases {
 
 /// The throttle slice of a disk by its sysfs `queue/rotational` ("1" or "0"); unknown is
 /// taken as rotational (the kernels' default slice).
-pub fn slice_of(rotational: Option<bool>) -> Duration {
+fn slice_of(rotational: Option<bool>) -> Duration {
     match rotational {
         Some(false) => SLICE_NON_ROTATIONAL,
         _ => SLICE_ROTATIONAL,
@@ -166,14 +206,16 @@ mod tests {
         (t - p.epoch).as_nanos() % slice.as_nanos() / MS.as_nanos()
     }
 
+    /// Whether a limit on `ino` on `dev` at `now` goes without waiting.
+    fn at_once(p: &SlicePhases, (dev, ino): (u32, u64), now: Instant, slice: Duration) -> bool {
+        p.wait(dev, ino, now, slice) == Duration::ZERO
+    }
+
     #[test]
     fn the_first_limit_on_a_device_is_written_at_once() {
         let t0 = Instant::now();
         let p = SlicePhases::new(t0);
-        assert_eq!(
-            p.wait(1, 10, t0 + 1234 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 10), t0 + 1234 * MS, SLICE_ROTATIONAL));
     }
 
     #[test]
@@ -193,10 +235,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
         p.record(1, 10, Knob::Wbps, true, t0);
-        assert_eq!(
-            p.wait(1, 11, t0 + 1050 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 11), t0 + 1050 * MS, SLICE_ROTATIONAL));
         // Just before the other's phase comes round again: too close, wait past it.
         let w = p.wait(1, 11, t0 + 1090 * MS, SLICE_ROTATIONAL);
         assert_eq!(w, 30 * MS);
@@ -207,10 +246,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = SlicePhases::new(t0);
         p.record(1, 10, Knob::Wbps, true, t0);
-        assert_eq!(
-            p.wait(1, 10, t0 + 2000 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 10), t0 + 2000 * MS, SLICE_ROTATIONAL));
     }
 
     #[test]
@@ -220,10 +256,7 @@ mod tests {
         p.record(2, 10, Knob::Wbps, true, t0);
         p.record(1, 12, Knob::Wbps, true, t0);
         p.record(1, 12, Knob::Wbps, false, t0 + 500 * MS);
-        assert_eq!(
-            p.wait(1, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 11), t0 + 1000 * MS, SLICE_ROTATIONAL));
     }
 
     /// Places `n` cgroups' limits one cycle apart (the same phase each time, left alone) and
@@ -267,10 +300,7 @@ mod tests {
         for (ino, ms) in [(1u64, 0u32), (2, 5), (3, 10), (4, 15)] {
             p.record(1, ino, Knob::Wbps, true, t0 + ms * MS);
         }
-        assert_eq!(
-            p.wait(1, 9, t0 + 1002 * MS, SLICE_NON_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 9), t0 + 1002 * MS, SLICE_NON_ROTATIONAL));
     }
 
     #[test]
@@ -296,14 +326,36 @@ mod tests {
         p.record(1, 10, Knob::Wbps, true, t0);
         p.record(2, 10, Knob::Wbps, true, t0);
         p.forget(&[10].into_iter().collect());
-        assert_eq!(
-            p.wait(1, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
-        assert_eq!(
-            p.wait(2, 11, t0 + 1000 * MS, SLICE_ROTATIONAL),
-            Duration::ZERO
-        );
+        assert!(at_once(&p, (1, 11), t0 + 1000 * MS, SLICE_ROTATIONAL));
+        assert!(at_once(&p, (2, 11), t0 + 1000 * MS, SLICE_ROTATIONAL));
+    }
+
+    #[test]
+    fn waiting_is_bounded_to_one_slice_a_second_and_lifts_alone_do_not_wait() {
+        let t0 = Instant::now();
+        let mut p = SlicePhases::new(t0);
+        p.record(1, 10, Knob::Wbps, true, t0);
+        let rot = || Some(true);
+        // Twelve limits decided in one cycle, each in phase with the one before: each waits
+        // for its gap...
+        let mut at = t0 + 1000 * MS;
+        let mut waits = vec![];
+        for ino in 11..23u64 {
+            let planned = p.plan((1, ino), (Knob::Wbps, true), at, rot).unwrap();
+            waits.push(planned - at);
+            p.record(1, ino, Knob::Wbps, true, planned);
+            at = planned;
+        }
+        let total: Duration = waits.iter().sum();
+        // ... until the cycle's waiting reaches one slice: the rest go at once.
+        assert!(total <= SLICE_ROTATIONAL, "{waits:?}");
+        assert!(waits.iter().any(|w| w.is_zero()), "{waits:?}");
+        // The next second waits again.
+        p.record(2, 50, Knob::Wbps, true, at);
+        let next = p.plan((2, 51), (Knob::Wbps, true), at + 1000 * MS, rot);
+        assert_eq!(next, Some(at + 1000 * MS + MAX_GAP));
+        // A lift on a cgroup with no other limit there does not matter.
+        assert_eq!(p.plan((1, 99), (Knob::Wbps, false), at, rot), None);
     }
 
     #[test]
