@@ -71,9 +71,7 @@ fn parse_slo_override(s: &str) -> Result<SloOverride, String> {
         // An SLO is a latency or a byte rate; IOPS are for floors and ceilings.
         return Err(unknown());
     } else if value.ends_with('s') && value.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
-        SloClass::Latency {
-            p999_ns: config::parse_duration_ns(value)?,
-        }
+        SloClass::latency_p999(config::parse_duration_ns(value)?)
     } else {
         return Err(unknown());
     };
@@ -594,9 +592,7 @@ mod tests {
             parse_slo_override("db=10ms").unwrap(),
             SloOverride {
                 service: "db".into(),
-                slo: SloClass::Latency {
-                    p999_ns: 10_000_000
-                }
+                slo: SloClass::latency_p999(10_000_000)
             }
         );
         assert_eq!(
@@ -671,13 +667,7 @@ mod tests {
                 1_000_000
             };
             let mut services = vec![
-                load(
-                    0,
-                    "db",
-                    SloClass::Latency { p999_ns: slo_ns },
-                    reader_p999,
-                    4e6,
-                ),
+                load(0, "db", SloClass::latency_p999(slo_ns), reader_p999, 4e6),
                 load(1, "backup", SloClass::BestEffort, 900_000, writer_bps),
             ];
             for s in &mut services {
@@ -814,12 +804,7 @@ mod tests {
         let run = recorded_run(30, 5_000_000);
         let mut policy = policy::by_name("adaptive", 0.75).unwrap();
         // 50 ms: the reader's 20 ms p99.9 meets it; nothing needs a cap.
-        let slo = HashMap::from([(
-            "db".to_string(),
-            SloClass::Latency {
-                p999_ns: 50_000_000,
-            },
-        )]);
+        let slo = HashMap::from([("db".to_string(), SloClass::latency_p999(50_000_000))]);
         let out = replay_run(&run, policy.as_mut(), &slo);
         assert!(!out.differences.is_empty());
         assert_eq!(out.replayed_decisions, 0, "{:?}", out.differences);

@@ -771,6 +771,7 @@ pub mod vm_scenario;
 
 pub mod noisy {
     use super::*;
+    use isolator::config::LatencyQuantile;
 
     /// The reader's 512 MiB file and the writer's 4 GiB (fallocated) file in `scratch`,
     /// once the disk has settled (see [`wait_for_settled_disk`]).
@@ -853,10 +854,21 @@ pub mod noisy {
 
     /// [`config`] with the target in µs.
     pub fn config_us(db: &TestCgroup, backup: &TestCgroup, slo_us: u64) -> String {
+        config_at(db, backup, LatencyQuantile::P999, slo_us)
+    }
+
+    /// [`config_us`] with db's target at `quantile`.
+    pub fn config_at(
+        db: &TestCgroup,
+        backup: &TestCgroup,
+        quantile: LatencyQuantile,
+        slo_us: u64,
+    ) -> String {
         format!(
-            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\np999 = \"{slo_us}us\"\n\n\
+            "[[service]]\nname = \"db\"\ncgroup = \"{}\"\nclass = \"latency\"\n{} = \"{slo_us}us\"\n\n\
              [[service]]\nname = \"backup\"\ncgroup = \"{}\"\nclass = \"best-effort\"\nfloor = \"20MB/s\"\n",
             db.rel_path(),
+            quantile.field().key(),
             backup.rel_path()
         )
     }

@@ -152,11 +152,7 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
         .measure_io_target(&without)
         .unwrap_or_else(|e| panic!("{e}"));
     println!("the agent's target for db's block I/O: {target}");
-    std::fs::write(
-        &config,
-        noisy::config_us(&cluster.blkio, &backup, target.io_slo_us),
-    )
-    .unwrap();
+    std::fs::write(&config, target.config(&cluster.blkio, &backup)).unwrap();
     let (without_us, without_n) = without.run.writer_p999_us(PHASES.settle_ms);
     let (without_windows, without_over) = (
         without.windows_ms(PHASES),

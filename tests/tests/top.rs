@@ -265,7 +265,7 @@ fn top_in_a_terminal_follows_a_live_agent_through_the_noisy_neighbor() {
         }
     }
     let db_row = model.row(&RowKey::Service("db".into())).expect("a db row");
-    assert_eq!(db_row.slo, Some(SloClass::Latency { p999_ns: 6_000_000 }));
+    assert_eq!(db_row.slo, Some(SloClass::latency_p999(6_000_000)));
     assert_eq!(db_row.cgroups, [db.rel_path()]);
     assert!(backup_states.contains("throttled"), "{backup_states:?}");
     assert!(model

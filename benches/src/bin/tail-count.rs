@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
                 let Some(aggressor_bps) = d
                     .services
                     .iter()
-                    .filter(|s| !matches!(s.class, SloClass::Latency { .. }))
+                    .filter(|s| !matches!(s.class, SloClass::Latency(_)))
                     .map(|s| s.bps() as u64)
                     .max()
                     .filter(|&bps| bps > 0)
@@ -66,7 +66,7 @@ fn main() -> anyhow::Result<()> {
                     continue;
                 };
                 for v in &d.services {
-                    let SloClass::Latency { p999_ns } = v.class else {
+                    let SloClass::Latency(target) = v.class else {
                         continue;
                     };
                     if v.samples == 0 {
@@ -75,13 +75,13 @@ fn main() -> anyhow::Result<()> {
                     let over: u64 = v
                         .latency_hist
                         .iter()
-                        .filter(|&&(b, _)| bucket_lower_ns(b as usize) >= p999_ns)
+                        .filter(|&&(b, _)| bucket_lower_ns(b as usize) >= target.target_ns)
                         .map(|&(_, n)| n)
                         .sum();
                     let rank = v.samples.div_ceil(1000);
                     let key = (
                         v.name.clone(),
-                        p999_ns / 1_000_000,
+                        target.target_ns / 1_000_000,
                         (aggressor_bps / 1_000_000 / BIN_MBPS * BIN_MBPS).min(TOP_BIN_MBPS),
                     );
                     let (bin, ranks) = bins.entry(key).or_default();

@@ -3,7 +3,7 @@
 //! lasting error.
 
 use crate::{
-    config::ServiceSpec,
+    config::{LatencyQuantile, ServiceSpec},
     enforcer::EnforceError,
     events::{Event, LabelSloInfo, ViolationInfo},
     measure::{
@@ -59,6 +59,8 @@ pub(super) fn service_stats(
         state: state.into(),
         p50_ns: percentile(&s.latency_hist, s.samples, 0.50),
         p999_ns: s.p999_ns,
+        slo_latency_ns: other_quantile(s)
+            .and_then(|q| percentile(&s.latency_hist, s.samples, q.fraction())),
         samples: s.samples,
         latency_log2: log2_histogram(&s.latency_hist),
         cgroups: s.cgroup_ids.clone(),
@@ -106,6 +108,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             cycle,
             p999_ns,
             slo_p999_ns,
+            quantile,
             others_bps,
             action,
             reason,
@@ -116,6 +119,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             policy: policy.into(),
             p999_ns,
             slo_p999_ns,
+            quantile: Some(quantile).filter(|&q| q != LatencyQuantile::P999),
             others_bps,
             action,
             reason,
@@ -126,6 +130,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             cycle,
             p999_ns,
             slo_p999_ns,
+            quantile,
             level_p999_ns,
             others_bps,
             action,
@@ -137,6 +142,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             p999_ns,
             slo_p999_ns,
             level_p999_ns,
+            quantile: Some(quantile).filter(|&q| q != LatencyQuantile::P999),
             others_bps,
             action,
         }),
@@ -148,7 +154,8 @@ pub(super) fn violation(d: &DeviceCycle, s: &ServiceLoad, dev: &str, started: bo
         cycle: d.cycle,
         service: s.name.clone(),
         dev: dev.to_string(),
-        p999_ns: s.judged_p999(),
+        p999_ns: s.judged_latency().and(s.p999_ns),
+        latency_ns: other_quantile(s).and(s.judged_latency()),
         slo: s.class,
         vio: s.vio(),
         rate_bps: s.bps(),
@@ -303,4 +310,10 @@ fn error(code: &str, message: String) -> Event {
         code: code.into(),
         message,
     })
+}
+
+/// A latency SLO's quantile when it is not p99.9, which every event carries anyway.
+fn other_quantile(s: &ServiceLoad) -> Option<LatencyQuantile> {
+    Some(s.slo_quantile())
+        .filter(|_| s.slo_ns().is_some() && s.slo_quantile() != LatencyQuantile::P999)
 }

@@ -21,7 +21,7 @@ pub use sink::NdjsonSink;
 
 use crate::{
     collect::probe::{KernelFeatures, ProgramStats, StatsCapacity},
-    config::SloClass,
+    config::{LatencyQuantile, SloClass},
     events::stream::ReplayRole,
     identify::cgroupfs::CgroupMode,
     identify::containers::ContainerTable,
@@ -155,7 +155,11 @@ pub struct ViolationInfo {
     pub cycle: u64,
     pub service: String,
     pub dev: String,
+    /// The cycle's p99.9, where it had enough samples to judge.
     pub p999_ns: Option<u64>,
+    /// The latency at the SLO's quantile when that is not p99.9 (`slo` names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
     pub slo: SloClass,
     pub vio: Option<f64>,
     #[serde(deserialize_with = "crate::events::f64_or_null")]
@@ -173,6 +177,10 @@ pub struct SloInfeasible {
     pub policy: String,
     pub p999_ns: Option<u64>,
     pub slo_p999_ns: Option<u64>,
+    /// The quantile `p999_ns` and `slo_p999_ns` are at when the SLO names one other than
+    /// p99.9 (absent for p99.9).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile: Option<LatencyQuantile>,
     /// Everyone else's rate on the device in the cycle.
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub others_bps: f64,
@@ -195,6 +203,10 @@ pub struct DiskStall {
     pub slo_p999_ns: Option<u64>,
     /// The worst p99.9 the same or higher caps gave in the last cycles.
     pub level_p999_ns: Option<u64>,
+    /// The quantile the three latencies are at when the SLO names one other than p99.9
+    /// (absent for p99.9).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile: Option<LatencyQuantile>,
     /// Everyone else's rate on the device in the cycle.
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub others_bps: f64,
@@ -320,6 +332,9 @@ pub struct ServiceStats {
     pub state: String,
     pub p50_ns: Option<u64>,
     pub p999_ns: Option<u64>,
+    /// The latency at the SLO's quantile when that is not p99.9 (`slo` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_latency_ns: Option<u64>,
     pub samples: u64,
     /// The samples in power-of-two buckets: (upper bound ns, count), non-empty only.
     pub latency_log2: Vec<(u64, u64)>,
@@ -715,7 +730,7 @@ mod tests {
                 services: vec![ServiceLoad {
                     id: 0,
                     name: "db".into(),
-                    class: SloClass::Latency { p999_ns: 5_000_000 },
+                    class: SloClass::latency_p999(5_000_000),
                     floor: Some(Rate::BytesPerSec(1_000_000)),
                     ceiling: None,
                     read_bps: 4e6,

@@ -83,6 +83,9 @@ pub fn slo_from_labels(
     let text = SloText {
         class,
         p999: get(SloField::P999),
+        p99: get(SloField::P99),
+        p95: get(SloField::P95),
+        p90: get(SloField::P90),
         rate: get(SloField::Rate),
         floor: get(SloField::Floor),
         ceiling: get(SloField::Ceiling),
@@ -117,12 +120,15 @@ fn check_bounds(slo: &Slo, policy: &LabelPolicy) -> Result<(), (SloField, String
             format!("is a class the config's [labels] classes does not allow (it allows {allowed}); declare one of those, or add {class} to the config's [labels] classes"),
         ));
     }
-    if let SloClass::Latency { p999_ns } = slo.class {
-        if p999_ns < policy.min_p999_ns {
+    // The bound holds at any quantile: a target a p99.9 may not go under is no looser
+    // for a p95.
+    if let SloClass::Latency(t) = slo.class {
+        if t.target_ns < policy.min_p999_ns {
             let min = duration_text(policy.min_p999_ns);
+            let field = t.quantile.field();
             return Err((
-                SloField::P999,
-                format!("is tighter than {min}, the tightest p99.9 the config's [labels] min_p999 allows; declare {}={min} or more, or lower min_p999 in the config", key(SloField::P999)),
+                field,
+                format!("is tighter than {min}, the tightest {} the config's [labels] min_p999 allows; declare {}={min} or more, or lower min_p999 in the config", t.quantile.label(), key(field)),
             ));
         }
     }
@@ -184,9 +190,7 @@ mod tests {
         assert_eq!(
             slo_from_labels(&l, &LabelPolicy::default()),
             Ok(Some(Slo {
-                class: SloClass::Latency {
-                    p999_ns: 20_000_000
-                },
+                class: SloClass::latency_p999(20_000_000),
                 floor: Some(Rate::BytesPerSec(10_000_000)),
                 ceiling: None,
                 weight: None,
@@ -264,8 +268,8 @@ mod tests {
                 "needs isolator.class",
             ),
             (
-                vec![("isolator.p99", "5ms")],
-                "isolator.p99",
+                vec![("isolator.p98", "5ms")],
+                "isolator.p98",
                 "unknown label",
             ),
             (
@@ -295,6 +299,17 @@ mod tests {
             assert_eq!((e.label.as_str(), e.value.as_str()), ("isolator.p999", p999));
             assert!(e.message.contains(needle), "{e} lacks {needle}");
         }
+        // At any quantile: a p95 under the bound is refused the same way.
+        let e = slo_from_labels(
+            &labels(&[("isolator.class", "latency"), ("isolator.p95", "500us")]),
+            &LabelPolicy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.label, "isolator.p95");
+        assert!(
+            e.to_string().contains("isolator.p95=500us is tighter than 1ms, the tightest p95 the config's [labels] min_p999 allows; declare isolator.p95=1ms or more"),
+            "{e}"
+        );
         let l = labels(&[("isolator.class", "latency"), ("isolator.p999", "1ms")]);
         assert!(slo_from_labels(&l, &defaults).unwrap().is_some());
 
@@ -372,7 +387,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::super::*;
-        use crate::config::{MAX_RATE_BPS, P999_RANGE_NS};
+        use crate::config::{LATENCY_TARGET_RANGE_NS, MAX_RATE_BPS};
 
         /// Label values: quantities in every unit, classes, integers, any text.
         fn label_value() -> impl Strategy<Value = String> {
@@ -415,7 +430,7 @@ mod tests {
         fn policy() -> impl Strategy<Value = LabelPolicy> {
             (
                 prop::bool::weighted(0.9),
-                P999_RANGE_NS,
+                LATENCY_TARGET_RANGE_NS,
                 prop::option::of(1..=MAX_RATE_BPS),
                 1..=10_000u32,
                 prop::sample::subsequence(crate::config::CLASSES.to_vec(), 0..=3),
@@ -445,8 +460,8 @@ mod tests {
                     Ok(Some(slo)) => {
                         prop_assert!(policy.enabled);
                         prop_assert!(policy.classes.contains(&slo.class.name()));
-                        if let SloClass::Latency { p999_ns } = slo.class {
-                            prop_assert!(p999_ns >= policy.min_p999_ns);
+                        if let SloClass::Latency(t) = slo.class {
+                            prop_assert!(t.target_ns >= policy.min_p999_ns);
                         }
                         if let SloClass::Throughput { rate_bps } = slo.class {
                             prop_assert!(policy.max_rate_bps.is_none_or(|max| rate_bps <= max));

@@ -1344,8 +1344,23 @@ fn capped_total(d: &DeviceCycle) -> (u64, usize) {
 fn worst_latency_service(d: &DeviceCycle) -> Option<(&ServiceLoad, f64)> {
     d.services
         .iter()
-        .filter_map(|s| Some((s, s.judged_p999()? as f64 / s.slo_ns()? as f64)))
+        .filter_map(|s| Some((s, s.judged_latency()? as f64 / s.slo_ns()? as f64)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+/// What the device's latency services are judged at, for reasons: `p99.9`, or `p95` when
+/// every latency SLO there is at the p95, or `SLO-quantile latency` when they differ.
+fn judged_at(d: &DeviceCycle) -> &'static str {
+    let mut quantiles = d
+        .services
+        .iter()
+        .filter(|s| s.slo_ns().is_some())
+        .map(|s| s.slo_quantile());
+    match quantiles.next() {
+        Some(q) if quantiles.all(|o| o == q) => q.label(),
+        Some(_) => "SLO-quantile latency",
+        None => "p99.9",
+    }
 }
 
 /// One cycle of a latency service's I/Os on a device, as the trim's window keeps it.
@@ -1355,7 +1370,10 @@ struct LatencyCycle {
     hist: Vec<(u16, u64)>,
     samples: u64,
     slo_ns: u64,
-    /// The cycle's p99.9 over its target, where it had enough samples to judge.
+    /// The quantile the target is at (0.999 for a p99.9 SLO).
+    quantile: f64,
+    /// The cycle's latency at that quantile over its target, where it had enough samples
+    /// to judge.
     fraction: Option<f64>,
     /// I/Os slower than [`TRIM_AT`] of the target: which of two cycles at one p99.9 put
     /// more into the window's tail.
@@ -1370,7 +1388,8 @@ impl LatencyCycle {
             hist: s.latency_hist.clone(),
             samples: s.samples,
             slo_ns,
-            fraction: s.judged_p999().map(|p| p as f64 / slo_ns as f64),
+            quantile: s.slo_quantile().fraction(),
+            fraction: s.judged_latency().map(|p| p as f64 / slo_ns as f64),
             slow_ios: s
                 .latency_hist
                 .iter()
@@ -1434,8 +1453,8 @@ fn class_rank(s: &ServiceLoad) -> Option<u8> {
         SloClass::BestEffort => Some(0),
         SloClass::Throughput { rate_bps } if s.bps() > rate_bps as f64 * 1.05 => Some(1),
         SloClass::Throughput { .. } => None,
-        SloClass::Latency { .. } if !s.violating() => Some(LATENCY_RANK),
-        SloClass::Latency { .. } => None,
+        SloClass::Latency(_) if !s.violating() => Some(LATENCY_RANK),
+        SloClass::Latency(_) => None,
     }
 }
 
@@ -1545,7 +1564,7 @@ impl Adaptive {
             // not take the worst cycle's pardon from the rest.
             let full = w.iter().filter(|x| x.cycle >= from).count() as u64 >= NOISE_WINDOW;
             let held: Vec<&LatencyCycle> = w.iter().filter(|x| counted(x.cycle)).collect();
-            let Some(slo) = held.first().map(|x| x.slo_ns) else {
+            let Some((slo, quantile)) = held.first().map(|x| (x.slo_ns, x.quantile)) else {
                 continue;
             };
             let spare = spared.filter(|_| full);
@@ -1560,7 +1579,7 @@ impl Adaptive {
             if !crate::policy::enough_to_judge(&sparse, total, slo) {
                 continue;
             }
-            let Some(p) = crate::measure::metrics::percentile(&sparse, total, 0.999) else {
+            let Some(p) = crate::measure::metrics::percentile(&sparse, total, quantile) else {
                 continue;
             };
             let f = p as f64 / slo as f64;
@@ -1623,18 +1642,21 @@ impl Adaptive {
         st.held = Some(to);
         let why = match window {
             Some((f, n, held)) if n < held => format!(
-                "the p99.9 of every I/O in the last {held} cycles under this cap, its worst cycle left out, is at {:.0} % of its target: trim to {:.0} %",
+                "the {q} of every I/O in the last {held} cycles under this cap, its worst cycle left out, is at {:.0} % of its target: trim to {:.0} %",
                 f * 100.0,
-                factor * 100.0
+                factor * 100.0,
+                q = judged_at(d),
             ),
             Some((f, n, _)) => format!(
-                "the p99.9 of every I/O in the last {n} cycles under this cap is at {:.0} % of its target: trim to {:.0} %",
+                "the {q} of every I/O in the last {n} cycles under this cap is at {:.0} % of its target: trim to {:.0} %",
                 f * 100.0,
-                factor * 100.0
+                factor * 100.0,
+                q = judged_at(d),
             ),
             None => format!(
-                "the per-cycle p99.9 under this cap scatters (sigma {sigma:.2} of its log) so that more than one cycle in ten would break the target: trim to {:.0} %",
-                factor * 100.0
+                "the per-cycle {q} under this cap scatters (sigma {sigma:.2} of its log) so that more than one cycle in ten would break the target: trim to {:.0} %",
+                factor * 100.0,
+                q = judged_at(d),
             ),
         };
         Some(cap_bandwidth(s, d.dev, to, why, cause))
@@ -1714,7 +1736,7 @@ impl Adaptive {
         if let (true, Some(slo), Some(l)) = (
             a.limit.is_unlimited(),
             victim.slo_ns(),
-            victim.judged_p999(),
+            victim.judged_latency(),
         ) {
             // Arriving, it ran at its full rate for part of the cycle: what it did is its
             // full load's harm, at a rate its mean does not show.
@@ -1787,7 +1809,7 @@ impl Adaptive {
             return vec![];
         }
         let h = self.devices.entry(d.dev).or_default();
-        let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) else {
+        let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_latency()) else {
             return self.decisive_cut(d, victim, a, current, cause);
         };
         // The cap known to hold, or one a trim or gentle cut set just under a settled cap.
@@ -2054,9 +2076,9 @@ impl Adaptive {
         let factor = match victim.class {
             // Squared: tail latency grows much faster than linearly near the knee,
             // and an under-cut costs two more violating cycles.
-            SloClass::Latency { p999_ns } => victim
-                .judged_p999()
-                .map_or(0.5, |l| (p999_ns as f64 / l as f64).powi(2)),
+            SloClass::Latency(t) => victim
+                .judged_latency()
+                .map_or(0.5, |l| (t.target_ns as f64 / l as f64).powi(2)),
             SloClass::Throughput { rate_bps } => {
                 1.0 - (rate_bps as f64 - victim.bps()).max(0.0) / current.max(1.0)
             }
@@ -2117,7 +2139,7 @@ impl Adaptive {
         // gently: its closed-loop I/O waits in the throttle, which its own p99.9 here does
         // not see (seen: a QD4 reader taking the whole cut, 108 -> 5 MB/s, 90 ms by fio
         // while the agent measured 6 ms after the throttle).
-        let cap = if matches!(a.class, SloClass::Latency { .. }) {
+        let cap = if matches!(a.class, SloClass::Latency(_)) {
             current * factor.max(GENTLE_CUT_MIN)
         } else {
             (others * factor - (others - current)).max(current * 0.05)
@@ -2193,10 +2215,11 @@ impl Adaptive {
                 && s.can_change(d.cycle)
             {
                 let why = format!(
-                    "a raise to {:.0} MB/s ran the p99.9 within {:.0} % of its target: back to the last cap that held, {:.0} MB/s",
+                    "a raise to {:.0} MB/s ran the {q} within {:.0} % of its target: back to the last cap that held, {:.0} MB/s",
                     cap as f64 / 1e6,
                     (1.0 - h.near_miss()) * 100.0,
-                    prev as f64 / 1e6
+                    prev as f64 / 1e6,
+                    q = judged_at(d),
                 );
                 return self.fail_raise(d, s, (prev, cap), why, base_cause(d, s));
             }
@@ -2467,9 +2490,10 @@ impl Adaptive {
                     total as f64 / 1e6
                 ),
                 (None, Some(bad)) if on_line => format!(
-                    "every SLO held under this cap: probe toward the knee at {:.0} MB/s, where the line from this cap's p99.9 to the one measured there reaches {:.0} % of the target",
+                    "every SLO held under this cap: probe toward the knee at {:.0} MB/s, where the line from this cap's {q} to the one measured there reaches {:.0} % of the target",
                     bad as f64 / 1e6,
-                    PROBE_AIM * 100.0
+                    PROBE_AIM * 100.0,
+                    q = judged_at(d),
                 ),
                 (None, Some(bad)) => format!(
                     "every SLO held under this cap: probe half-way to the knee at {:.0} MB/s",
@@ -2477,19 +2501,22 @@ impl Adaptive {
                 ),
                 (None, None) if knee_unknown => match doubling {
                     Some(DoublingStep::Line(_)) => format!(
-                        "every SLO held under this cap: raise it to where the line through this cap's p99.9 and the one it was raised from reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
-                        DOUBLING_AIM * 100.0
+                        "every SLO held under this cap: raise it to where the line through this cap's {q} and the one it was raised from reaches {:.0} % of the target (the rate that broke the SLO on arrival is not known)",
+                        DOUBLING_AIM * 100.0,
+                        q = judged_at(d),
                     ),
                     Some(DoublingStep::Creep(_)) => format!(
-                        "every SLO held under this cap: raise it by {:.0} %, not double it (the last raise stopped where the line reached the target, and this cap's p99.9 is no higher than the last one's: noise, not the curve)",
-                        (CREEP_FAR_FACTOR - 1.0) * 100.0
+                        "every SLO held under this cap: raise it by {:.0} %, not double it (the last raise stopped where the line reached the target, and this cap's {q} is no higher than the last one's: noise, not the curve)",
+                        (CREEP_FAR_FACTOR - 1.0) * 100.0,
+                        q = judged_at(d),
                     ),
                     _ => "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into(),
                 },
                 (None, None) => format!(
-                    "every SLO met (worst p99.9 at {:.0} % of its target): give back bandwidth, +{:.0} %",
+                    "every SLO met (worst {q} at {:.0} % of its target): give back bandwidth, +{:.0} %",
                     worst * 100.0,
-                    (next as f64 / cap as f64 - 1.0) * 100.0
+                    (next as f64 / cap as f64 - 1.0) * 100.0,
+                    q = judged_at(d),
                 ),
             },
             cause,
@@ -2552,8 +2579,9 @@ impl Adaptive {
             service: v.id,
             dev: d.dev,
             cycle: d.cycle,
-            p999_ns: v.judged_p999(),
+            p999_ns: v.judged_latency(),
             slo_p999_ns: v.slo_ns(),
+            quantile: v.slo_quantile(),
             level_p999_ns: v.slo_ns().map(|t| (t as f64 * level) as u64),
             others_bps: others_bps(d, v.id),
             action,
@@ -2632,8 +2660,9 @@ impl Adaptive {
                 service: victim.id,
                 dev: d.dev,
                 cycle: d.cycle,
-                p999_ns: victim.judged_p999(),
+                p999_ns: victim.judged_latency(),
                 slo_p999_ns: victim.slo_ns(),
+                quantile: victim.slo_quantile(),
                 others_bps,
                 action: if cut_own {
                     "cut the service's own concurrency".into()
@@ -2646,7 +2675,7 @@ impl Adaptive {
             });
         }
         let mut out = vec![];
-        if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_p999()) {
+        if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_latency()) {
             if cut_own && victim.can_change(d.cycle) {
                 let p = victim.mean_inflight;
                 let next = pine_concurrency_step(p, l as f64, slo as f64);

@@ -22,7 +22,7 @@ struct Levels(HashMap<(u32, ServiceId), f64>);
 impl Levels {
     fn step(&mut self, dev: u32, s: &ServiceLoad) -> Option<(f64, f64)> {
         let slo = s.slo_ns()? as f64;
-        let l = s.judged_p999()? as f64;
+        let l = s.judged_latency()? as f64;
         let p = *self
             .0
             .entry((dev, s.id))

@@ -779,7 +779,7 @@ pub(crate) mod tests {
     fn stats(service: &str, cgroups: &[u64], state: &str, limit: IoMaxLimit) -> Event {
         Event::ServiceStats(ServiceStats {
             service: service.into(),
-            slo: SloClass::Latency { p999_ns: 5_000_000 },
+            slo: SloClass::latency_p999(5_000_000),
             dev: "254:0".into(),
             disk: Some("vda".into()),
             state: state.into(),
@@ -908,10 +908,7 @@ pub(crate) mod tests {
             info.decisions.get(&("vda".into(), "wbps", "protect", true)),
             Some(&1)
         );
-        assert_eq!(
-            m.service_info["db"].slo,
-            SloClass::Latency { p999_ns: 5_000_000 }
-        );
+        assert_eq!(m.service_info["db"].slo, SloClass::latency_p999(5_000_000));
 
         // Next cycle: nothing in force any more (the controller forgot it), no I/O.
         step(

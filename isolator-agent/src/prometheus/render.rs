@@ -649,8 +649,14 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
         Gauge,
         |f| {
             for (service, info) in &m.service_info {
-                if let crate::config::SloClass::Latency { p999_ns } = info.slo {
-                    gauge(f, &[("service", service.as_str())], p999_ns as f64 / 1e9)?;
+                if let crate::config::SloClass::Latency(t) = info.slo {
+                    if t.quantile == crate::config::LatencyQuantile::P999 {
+                        gauge(
+                            f,
+                            &[("service", service.as_str())],
+                            t.target_ns as f64 / 1e9,
+                        )?;
+                    }
                 }
             }
             Ok(())
@@ -694,7 +700,7 @@ mod tests {
         let events = [
             Event::ServiceStats(ServiceStats {
                 service: "db".into(),
-                slo: SloClass::Latency { p999_ns: 5_000_000 },
+                slo: SloClass::latency_p999(5_000_000),
                 dev: "254:0".into(),
                 disk: Some("vda".into()),
                 state: "throttled".into(),

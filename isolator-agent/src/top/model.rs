@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::{
-    config::SloClass,
+    config::{LatencyQuantile, SloClass},
     events::{
         AgentStart, CgroupStats, CycleEnd, Decision, Event, LabelSloInfo, RecordedEvent,
         ServiceStats, ViolationInfo, SCHEMA_VERSION,
@@ -693,9 +693,19 @@ fn decision_text(d: &Decision) -> String {
 /// A violation's numbers against its SLO.
 fn violation_numbers(v: &ViolationInfo) -> String {
     match v.slo {
-        SloClass::Latency { p999_ns } => {
-            format!("p99.9 {} vs SLO {}", ns(v.p999_ns), latency_words(p999_ns))
+        SloClass::Latency(t) if t.quantile == LatencyQuantile::P999 => {
+            format!(
+                "p99.9 {} vs SLO {}",
+                ns(v.p999_ns),
+                latency_words(t.target_ns)
+            )
         }
+        SloClass::Latency(t) => format!(
+            "{q} {} vs SLO {q} {}",
+            ns(v.latency_ns),
+            latency_words(t.target_ns),
+            q = t.quantile.label()
+        ),
         SloClass::Throughput { rate_bps } => format!(
             "{:.1} MB/s vs SLO {:.1} MB/s",
             v.rate_bps / 1e6,
@@ -921,7 +931,7 @@ impl Column {
             }
             Column::Slo => {
                 let t = |r: &Row| match r.slo {
-                    Some(SloClass::Latency { p999_ns }) => Some(p999_ns),
+                    Some(SloClass::Latency(t)) => Some(t.target_ns),
                     Some(SloClass::Throughput { rate_bps }) => Some(rate_bps),
                     _ => None,
                 };
@@ -983,7 +993,7 @@ pub(crate) mod tests {
         assert_eq!(h.policy.as_deref(), Some("adaptive"));
         let db = m.row(&RowKey::Service("db".into())).unwrap();
         assert_eq!(db.state, State::Ok);
-        assert_eq!(db.slo, Some(SloClass::Latency { p999_ns: 6_000_000 }));
+        assert_eq!(db.slo, Some(SloClass::latency_p999(6_000_000)));
         assert_eq!(db.cgroups, ["/rec-db"]);
         assert_eq!((db.p999_ns, db.samples), (Some(153_600), 17_227));
         // The service's cgroups are not rows of their own.

@@ -11,7 +11,7 @@ use ratatui::{
     Frame,
 };
 
-use crate::config::SloClass;
+use crate::config::{LatencyQuantile, SloClass};
 
 use super::{
     app::{App, Pane},
@@ -250,7 +250,12 @@ fn limit_text(l: &crate::policy::IoMaxLimit) -> String {
 
 fn slo_text(s: &Option<SloClass>) -> String {
     match s {
-        Some(SloClass::Latency { p999_ns }) => latency_words(*p999_ns),
+        Some(SloClass::Latency(t)) if t.quantile == LatencyQuantile::P999 => {
+            latency_words(t.target_ns)
+        }
+        Some(SloClass::Latency(t)) => {
+            format!("{} {}", t.quantile.label(), latency_words(t.target_ns))
+        }
         Some(SloClass::Throughput { rate_bps }) => format!("{:.0}MB/s", *rate_bps as f64 / 1e6),
         _ => "-".into(),
     }
@@ -270,7 +275,9 @@ fn cell(r: &Row, c: Column) -> Cell<'static> {
         Column::P50 => Cell::from(ns(r.p50_ns)),
         Column::P999 => {
             let over = match (&r.slo, r.p999_ns) {
-                (Some(SloClass::Latency { p999_ns }), Some(p)) => p > *p999_ns,
+                (Some(SloClass::Latency(t)), Some(p)) if t.quantile == LatencyQuantile::P999 => {
+                    p > t.target_ns
+                }
                 _ => false,
             };
             let c = Cell::from(ns(r.p999_ns));
@@ -367,7 +374,7 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
     let model = app.model();
     let what = match &row.key {
         RowKey::Service(_) => match &row.slo {
-            Some(slo @ (SloClass::Latency { .. } | SloClass::Throughput { .. })) => {
+            Some(slo @ (SloClass::Latency(_) | SloClass::Throughput { .. })) => {
                 format!("{} · {} {}", row.kind, slo.name(), slo_text(&row.slo))
             }
             _ => format!("{} · best-effort", row.kind),
@@ -480,7 +487,7 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
                 "p99.9 {}{}, last {}",
                 ns(row.p999_ns),
                 match row.slo {
-                    Some(SloClass::Latency { .. }) => format!(" (SLO {})", slo_text(&row.slo)),
+                    Some(SloClass::Latency(_)) => format!(" (SLO {})", slo_text(&row.slo)),
                     _ => String::new(),
                 },
                 span(p999.len())
