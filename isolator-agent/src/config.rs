@@ -831,7 +831,8 @@ impl SloRuleError {
 }
 
 /// Checks a service's SLO against the rules: a class's own target is set and the other
-/// class's is not, values have units and are in range (a p99.9 in [`LATENCY_TARGET_RANGE_NS`], rates
+/// class's is not, values have units and are in range (a latency target, at any quantile, in
+/// [`LATENCY_TARGET_RANGE_NS`], rates
 /// by [`parse_rate`]), a throughput target and a ceiling are in bytes, the ceiling is at
 /// least [`MIN_CAP_BPS`], a floor and a ceiling are in one unit with the floor not above
 /// the ceiling, the weight is in [`WEIGHT_RANGE`].

@@ -57,7 +57,7 @@ fn parse_slo_override(s: &str) -> Result<SloOverride, String> {
     }
     let unknown = || {
         format!(
-            "'{value}' is not an SLO; write a p99.9 target (db=10ms), a rate (backup=150MB/s) or best-effort"
+            "'{value}' is not an SLO; write a p99.9 target (db=10ms), one at another quantile (db=p95:3ms), a rate (backup=150MB/s) or best-effort"
         )
     };
     let slo = if value == "best-effort" {
@@ -72,6 +72,17 @@ fn parse_slo_override(s: &str) -> Result<SloOverride, String> {
         return Err(unknown());
     } else if value.ends_with('s') && value.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
         SloClass::latency_p999(config::parse_duration_ns(value)?)
+    } else if let Some((key, duration)) = value.split_once(':') {
+        let quantile = config::LatencyQuantile::ALL
+            .into_iter()
+            .find(|q| q.field().key() == key.trim())
+            .ok_or_else(|| {
+                format!("'{key}' in '{value}' is not a quantile; write p999, p99, p95 or p90, e.g. db=p95:3ms")
+            })?;
+        SloClass::Latency(config::LatencyTarget {
+            quantile,
+            target_ns: config::parse_duration_ns(duration.trim())?,
+        })
     } else {
         return Err(unknown());
     };

@@ -945,7 +945,8 @@ impl Calibration {
                 reads_p90_ms,
             },
             share: reads_p90_ms / self.slo_ms as f64,
-            io_slo_us: (reads_p90_ms * 1e3).round() as u64,
+            // The config's least latency target is 10 us.
+            io_slo_us: ((reads_p90_ms * 1e3).round() as u64).max(10),
             quantile: LatencyQuantile::P95,
         })
     }

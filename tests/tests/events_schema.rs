@@ -71,3 +71,77 @@ fn real_output_matches_docs() {
     }
     assert_events_round_trip(&agent.events);
 }
+
+/// The fields a latency SLO at another quantile than p99.9 adds are documented with their
+/// types: the agent's own typed events (as its sink writes them, envelope added) for a p95
+/// service, since the real runs above and the control tests configure p99.9 SLOs.
+#[test]
+fn fields_of_an_slo_at_another_quantile_match_docs() {
+    use isolator::{
+        config::{LatencyQuantile, LatencyTarget, SloClass},
+        events::{Decision, DiskStall, Event, ServiceStats, SloInfeasible, ViolationInfo},
+        policy::Cause,
+    };
+    let doc = documented();
+    let p95 = SloClass::Latency(LatencyTarget {
+        quantile: LatencyQuantile::P95,
+        target_ns: 3_000_000,
+    });
+    let (q, latency, slo) = (Some(LatencyQuantile::P95), Some(9_000_000), Some(3_000_000));
+    let events = [
+        Event::ServiceStats(ServiceStats {
+            service: "pg".into(),
+            slo: p95,
+            p999_ns: Some(30_000_000),
+            slo_latency_ns: latency,
+            ..Default::default()
+        }),
+        Event::ViolationStart(ViolationInfo {
+            service: "pg".into(),
+            slo: p95,
+            p999_ns: Some(30_000_000),
+            latency_ns: latency,
+            ..Default::default()
+        }),
+        Event::Decision(Decision {
+            service: "backup".into(),
+            cgroups: vec!["/backup".into()],
+            cause: Some(Cause {
+                victim: Some("pg".into()),
+                p999_ns: Some(30_000_000),
+                quantile: q,
+                latency_ns: latency,
+                slo_latency_ns: slo,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        Event::SloInfeasible(SloInfeasible {
+            service: "pg".into(),
+            quantile: q,
+            latency_ns: latency,
+            slo_latency_ns: slo,
+            ..Default::default()
+        }),
+        Event::DiskStall(DiskStall {
+            service: "pg".into(),
+            quantile: q,
+            latency_ns: latency,
+            slo_latency_ns: slo,
+            level_latency_ns: Some(2_000_000),
+            ..Default::default()
+        }),
+    ];
+    for event in &events {
+        let mut e = serde_json::to_value(event).unwrap();
+        e["schema"] = 1.into();
+        e["ts"] = "2026-12-05T00:00:00.000Z".into();
+        validate(&doc, &e);
+        // Each carries what only an SLO at another quantile writes, so the check saw it.
+        let line = e.to_string();
+        assert!(
+            line.contains("\"p95_ns\"") || line.contains("\"quantile\":\"p95\""),
+            "{line}"
+        );
+    }
+}

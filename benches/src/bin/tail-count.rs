@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
-use isolator::config::SloClass;
+use isolator::config::{LatencyQuantile, SloClass};
 use isolator::replay::Recording;
 use isolator_common::histogram::bucket_lower_ns;
 
@@ -66,9 +66,13 @@ fn main() -> anyhow::Result<()> {
                     continue;
                 };
                 for v in &d.services {
+                    // The rank below is the p99.9's.
                     let SloClass::Latency(target) = v.class else {
                         continue;
                     };
+                    if target.quantile != LatencyQuantile::P999 {
+                        continue;
+                    }
                     if v.samples == 0 {
                         continue;
                     }

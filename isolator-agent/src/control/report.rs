@@ -106,9 +106,7 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             service: _,
             dev,
             cycle,
-            p999_ns,
-            slo_p999_ns,
-            quantile,
+            latency,
             others_bps,
             action,
             reason,
@@ -117,9 +115,11 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             service: service_name,
             dev: crate::identify::disks::dev_text(dev),
             policy: policy.into(),
-            p999_ns,
-            slo_p999_ns,
-            quantile: Some(quantile).filter(|&q| q != LatencyQuantile::P999),
+            p999_ns: latency.p999_ns,
+            slo_p999_ns: latency.slo_p999_ns,
+            quantile: latency.quantile,
+            latency_ns: latency.latency_ns,
+            slo_latency_ns: latency.slo_latency_ns,
             others_bps,
             action,
             reason,
@@ -128,24 +128,29 @@ pub(super) fn finding(policy: &str, service_name: String, f: Finding) -> Event {
             service: _,
             dev,
             cycle,
-            p999_ns,
-            slo_p999_ns,
-            quantile,
-            level_p999_ns,
+            latency,
+            level_ns,
             others_bps,
             action,
-        } => Event::DiskStall(crate::events::DiskStall {
-            cycle,
-            service: service_name,
-            dev: crate::identify::disks::dev_text(dev),
-            policy: policy.into(),
-            p999_ns,
-            slo_p999_ns,
-            level_p999_ns,
-            quantile: Some(quantile).filter(|&q| q != LatencyQuantile::P999),
-            others_bps,
-            action,
-        }),
+        } => {
+            // The level is on the scale the SLO is judged on: its field is the target's.
+            let at_p999 = latency.quantile.is_none();
+            Event::DiskStall(crate::events::DiskStall {
+                cycle,
+                service: service_name,
+                dev: crate::identify::disks::dev_text(dev),
+                policy: policy.into(),
+                p999_ns: latency.p999_ns,
+                slo_p999_ns: latency.slo_p999_ns,
+                level_p999_ns: level_ns.filter(|_| at_p999),
+                quantile: latency.quantile,
+                latency_ns: latency.latency_ns,
+                slo_latency_ns: latency.slo_latency_ns,
+                level_latency_ns: level_ns.filter(|_| !at_p999),
+                others_bps,
+                action,
+            })
+        }
     }
 }
 
@@ -312,8 +317,8 @@ fn error(code: &str, message: String) -> Event {
     })
 }
 
-/// A latency SLO's quantile when it is not p99.9, which every event carries anyway.
+/// A latency SLO's quantile when it is not p99.9: only then do events carry the latency at
+/// it, so that a p99.9 service's events read as they did before there was a choice.
 fn other_quantile(s: &ServiceLoad) -> Option<LatencyQuantile> {
-    Some(s.slo_quantile())
-        .filter(|_| s.slo_ns().is_some() && s.slo_quantile() != LatencyQuantile::P999)
+    Some(s.slo_quantile()).filter(|&q| q != LatencyQuantile::P999)
 }

@@ -1002,3 +1002,71 @@ fn one_service_is_measured_over_its_cgroups_and_a_limited_idle_one_still_gets_a_
     assert_eq!((db.bps(), db.limit.rbps), (0.0, Some(10 * MIB)));
     assert_eq!(db.changed_cycle, Some(1));
 }
+
+#[test]
+fn a_service_with_a_p95_target_is_judged_and_reported_at_its_p95() {
+    use isolator_common::histogram::latency_bucket;
+
+    use crate::{
+        config::{LatencyQuantile, LatencyTarget, SloClass},
+        policy::sim::{SimDisk, SimService},
+    };
+    let p95 = SloClass::Latency(LatencyTarget {
+        quantile: LatencyQuantile::P95,
+        target_ns: 3_000_000,
+    });
+    let mut reader = SimService::latency("reader", 3.0, 1.0);
+    reader.class = p95;
+    let mut disk = SimDisk::new(vec![
+        reader,
+        SimService::writer("writer", SloClass::BestEffort, 2400.0, 0),
+    ]);
+    disk.step();
+    let mut c = disk.step();
+    // 8 % of the reader's reads took 9 ms or more: its p95 is at 9 ms, its p99.9 at 30.
+    let r = &mut c.services[0];
+    r.samples = 1000;
+    r.latency_hist = vec![
+        (latency_bucket(400_000) as u16, 920),
+        (latency_bucket(9_000_000) as u16, 60),
+        (latency_bucket(30_000_000) as u16, 20),
+    ];
+    r.p999_ns = Some(30_000_000);
+    let config = "[[service]]\nname='reader'\ncgroup='/reader'\nclass='latency'\np95='3ms'\n\
+                  [[service]]\nname='writer'\ncgroup='/writer'\nclass='best-effort'\n";
+    let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
+    let mut rig = Rig::with_policy(
+        CgroupMode::V2,
+        config,
+        &["/reader", "/writer"],
+        Run::Enforcing,
+        Some(policy),
+    );
+    let events = rig.controller.step(std::slice::from_ref(&c), &mut |_| None);
+    let stats = of_type(&events, "service_stats");
+    let reader = stats.iter().find(|e| e["service"] == "reader").unwrap();
+    assert_eq!(
+        reader["slo"],
+        serde_json::json!({"class": "latency", "p95_ns": 3_000_000})
+    );
+    assert_eq!(reader["state"], "violating");
+    assert_eq!(reader["p999_ns"], 30_000_000, "the p99.9 stays the p99.9");
+    let p95_ns = reader["slo_latency_ns"].as_u64().unwrap();
+    assert!((8_500_000..9_500_000).contains(&p95_ns), "{reader}");
+    let writer = stats.iter().find(|e| e["service"] == "writer").unwrap();
+    assert!(writer.get("slo_latency_ns").is_none(), "{writer}");
+    let start = &of_type(&events, "violation_start")[0];
+    assert_eq!(start["latency_ns"].as_u64(), Some(p95_ns));
+    assert_eq!(start["p999_ns"], 30_000_000);
+    let cut = of_type(&events, "decision");
+    let cut = cut.iter().find(|e| e["service"] == "writer").unwrap();
+    let cause = &cut["cause"];
+    assert_eq!(cause["quantile"], "p95", "{cut}");
+    assert_eq!(cause["latency_ns"].as_u64(), Some(p95_ns));
+    assert_eq!(cause["slo_latency_ns"], 3_000_000);
+    assert_eq!(cause["p999_ns"], 30_000_000);
+    assert!(
+        cause.get("slo_p999_ns").is_none(),
+        "no p99.9 target: {cause}"
+    );
+}

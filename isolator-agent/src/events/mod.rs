@@ -176,11 +176,16 @@ pub struct SloInfeasible {
     pub dev: String,
     pub policy: String,
     pub p999_ns: Option<u64>,
+    /// The target of a p99.9 SLO (null for one at another quantile).
     pub slo_p999_ns: Option<u64>,
-    /// The quantile `p999_ns` and `slo_p999_ns` are at when the SLO names one other than
-    /// p99.9 (absent for p99.9).
+    /// An SLO at another quantile than p99.9: the quantile, the latency there and the
+    /// target (`policy::LatencyNumbers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantile: Option<LatencyQuantile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_latency_ns: Option<u64>,
     /// Everyone else's rate on the device in the cycle.
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub others_bps: f64,
@@ -201,12 +206,19 @@ pub struct DiskStall {
     pub policy: String,
     pub p999_ns: Option<u64>,
     pub slo_p999_ns: Option<u64>,
-    /// The worst p99.9 the same or higher caps gave in the last cycles.
+    /// The worst p99.9 the same or higher caps gave in the last cycles (null for an SLO
+    /// at another quantile).
     pub level_p999_ns: Option<u64>,
-    /// The quantile the three latencies are at when the SLO names one other than p99.9
-    /// (absent for p99.9).
+    /// An SLO at another quantile than p99.9: the quantile, the latency there, the target
+    /// and the level (`policy::LatencyNumbers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantile: Option<LatencyQuantile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_latency_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level_latency_ns: Option<u64>,
     /// Everyone else's rate on the device in the cycle.
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub others_bps: f64,

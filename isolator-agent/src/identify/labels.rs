@@ -268,6 +268,15 @@ mod tests {
                 "needs isolator.class",
             ),
             (
+                vec![
+                    ("isolator.class", "latency"),
+                    ("isolator.p999", "5ms"),
+                    ("isolator.p95", "2ms"),
+                ],
+                "isolator.p95",
+                "isolator.p999 and isolator.p95 are both set; a latency SLO is judged at one quantile, keep one",
+            ),
+            (
                 vec![("isolator.p98", "5ms")],
                 "isolator.p98",
                 "unknown label",

@@ -61,7 +61,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::{
     base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause, Cause,
-    Decision, DeviceCycle, Finding, Policy, ServiceId, ServiceLoad,
+    Decision, DeviceCycle, Finding, LatencyNumbers, Policy, ServiceId, ServiceLoad,
 };
 use crate::config::SloClass;
 
@@ -673,7 +673,8 @@ struct DeviceLoad {
     /// The sum of the bandwidth caps, when every capped service ran at its cap (0.8 to
     /// 1.05 of it) in a full cycle under it: the capped rates were fixed.
     fixed_caps: Option<u64>,
-    /// The worst p99.9 fraction (0 without a judged latency service); None for a stall.
+    /// The worst latency fraction, each at its SLO's quantile (0 without a judged latency
+    /// service); None for a stall.
     worst: Option<f64>,
 }
 
@@ -1525,8 +1526,8 @@ impl Adaptive {
             .retain(|&(dev, id), _| dev != d.dev || present.contains(&id));
     }
 
-    /// The worst p99.9, as a fraction of its target, of every latency service's I/Os in
-    /// cycles `from..=now` (the last [`NOISE_WINDOW`] at most, a failed probe's left out),
+    /// The worst latency at its SLO's quantile, as a fraction of its target, of every
+    /// latency service's I/Os in cycles `from..=now` (the last [`NOISE_WINDOW`] at most, a failed probe's left out),
     /// how many cycles it judged and how many the window holds. With `spare_worst`, a full
     /// window leaves out the device's worst cycle: the one violating cycle in ten the
     /// budget allows (the budget counts the device's cycles, so one cycle for every
@@ -2579,10 +2580,8 @@ impl Adaptive {
             service: v.id,
             dev: d.dev,
             cycle: d.cycle,
-            p999_ns: v.judged_latency(),
-            slo_p999_ns: v.slo_ns(),
-            quantile: v.slo_quantile(),
-            level_p999_ns: v.slo_ns().map(|t| (t as f64 * level) as u64),
+            latency: LatencyNumbers::of(v),
+            level_ns: v.slo_ns().map(|t| (t as f64 * level) as u64),
             others_bps: others_bps(d, v.id),
             action,
         });
@@ -2660,9 +2659,7 @@ impl Adaptive {
                 service: victim.id,
                 dev: d.dev,
                 cycle: d.cycle,
-                p999_ns: victim.judged_latency(),
-                slo_p999_ns: victim.slo_ns(),
-                quantile: victim.slo_quantile(),
+                latency: LatencyNumbers::of(victim),
                 others_bps,
                 action: if cut_own {
                     "cut the service's own concurrency".into()

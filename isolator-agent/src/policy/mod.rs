@@ -311,10 +311,14 @@ pub struct Cause {
     pub p999_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo_p999_ns: Option<u64>,
-    /// The quantile `p999_ns` and `slo_p999_ns` are at when the victim's SLO names one
-    /// other than p99.9 (absent for p99.9, as before there was a choice).
+    /// For a victim whose SLO is at another quantile than p99.9: that quantile, and its
+    /// latency and target there ([`LatencyNumbers`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantile: Option<LatencyQuantile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_latency_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo_rate_bps: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -358,10 +362,7 @@ pub enum Finding {
         service: ServiceId,
         dev: u32,
         cycle: u64,
-        p999_ns: Option<u64>,
-        slo_p999_ns: Option<u64>,
-        /// The quantile `p999_ns` and `slo_p999_ns` are at.
-        quantile: LatencyQuantile,
+        latency: LatencyNumbers,
         /// Everyone else's rate on the device this cycle.
         others_bps: f64,
         /// What the policy does about it.
@@ -375,13 +376,10 @@ pub enum Finding {
         service: ServiceId,
         dev: u32,
         cycle: u64,
-        p999_ns: Option<u64>,
-        slo_p999_ns: Option<u64>,
-        /// The quantile `p999_ns`, `slo_p999_ns` and `level_p999_ns` are at.
-        quantile: LatencyQuantile,
-        /// The worst p99.9 the same or higher caps gave (geometric mean), on this
-        /// service's target's scale.
-        level_p999_ns: Option<u64>,
+        latency: LatencyNumbers,
+        /// The worst latency at the SLO's quantile the same or higher caps gave (geometric
+        /// mean), on this service's target's scale.
+        level_ns: Option<u64>,
         /// Everyone else's rate on the device this cycle.
         others_bps: f64,
         /// What the policy does about it.
@@ -563,11 +561,46 @@ pub(crate) fn base_cause(d: &DeviceCycle, s: &ServiceLoad) -> Cause {
     }
 }
 
+/// A latency service's cycle against its target as events carry it. A p99.9 SLO fills
+/// `p999_ns` and `slo_p999_ns`, as it always has; an SLO at another quantile fills
+/// `quantile`, `latency_ns` and `slo_latency_ns`, and `p999_ns` is then the cycle's p99.9
+/// for reference: no field named for the p99.9 ever holds a p95.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencyNumbers {
+    pub p999_ns: Option<u64>,
+    pub slo_p999_ns: Option<u64>,
+    pub quantile: Option<LatencyQuantile>,
+    pub latency_ns: Option<u64>,
+    pub slo_latency_ns: Option<u64>,
+}
+
+impl LatencyNumbers {
+    pub fn of(v: &ServiceLoad) -> LatencyNumbers {
+        match v.class {
+            SloClass::Latency(t) if t.quantile != LatencyQuantile::P999 => LatencyNumbers {
+                p999_ns: v.judged_latency().and(v.p999_ns),
+                slo_p999_ns: None,
+                quantile: Some(t.quantile),
+                latency_ns: v.judged_latency(),
+                slo_latency_ns: Some(t.target_ns),
+            },
+            _ => LatencyNumbers {
+                p999_ns: v.judged_latency(),
+                slo_p999_ns: v.slo_ns(),
+                ..Default::default()
+            },
+        }
+    }
+}
+
 pub(crate) fn victim_cause(mut c: Cause, v: &ServiceLoad) -> Cause {
     c.victim = Some(v.name.clone());
-    c.p999_ns = v.judged_latency();
-    c.slo_p999_ns = v.slo_ns();
-    c.quantile = Some(v.slo_quantile()).filter(|&q| q != LatencyQuantile::P999);
+    let l = LatencyNumbers::of(v);
+    c.p999_ns = l.p999_ns;
+    c.slo_p999_ns = l.slo_p999_ns;
+    c.quantile = l.quantile;
+    c.latency_ns = l.latency_ns;
+    c.slo_latency_ns = l.slo_latency_ns;
     if let SloClass::Throughput { rate_bps } = v.class {
         c.slo_rate_bps = Some(rate_bps);
     }
@@ -634,9 +667,15 @@ mod tests {
         // The cause a decision carries names the quantile; a p99.9's does not.
         let c = super::victim_cause(Default::default(), &many);
         assert_eq!(c.quantile, Some(LatencyQuantile::P95));
-        assert_eq!(c.slo_p999_ns, Some(3_000_000));
+        assert_eq!(c.slo_latency_ns, Some(3_000_000));
+        assert_eq!(c.latency_ns, many.judged_latency());
+        assert_eq!((c.p999_ns, c.slo_p999_ns), (many.p999_ns, None));
         let c = super::victim_cause(Default::default(), &reader_cycle(&[(0.4, 1000)]));
-        assert_eq!(c.quantile, None);
+        assert_eq!(
+            (c.quantile, c.latency_ns, c.slo_latency_ns),
+            (None, None, None)
+        );
+        assert_eq!(c.slo_p999_ns, Some(5_000_000));
     }
 
     #[test]

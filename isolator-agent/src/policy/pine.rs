@@ -105,12 +105,8 @@ impl Policy for Pine {
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = throughput_allocation(d);
         for s in &d.services {
-            out.extend(concurrency_step(
-                &mut self.levels,
-                d,
-                s,
-                "p99.9 over target",
-            ));
+            let why = format!("{} over target", s.slo_quantile().label());
+            out.extend(concurrency_step(&mut self.levels, d, s, &why));
         }
         out
     }

@@ -664,6 +664,25 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
     )?;
     family(
         enc,
+        "isolator_service_slo_latency_seconds",
+        "Latency target of a latency service at the quantile its SLO names (label quantile: 0.999, 0.99, 0.95 or 0.9).",
+        Gauge,
+        |f| {
+            for (service, info) in &m.service_info {
+                if let crate::config::SloClass::Latency(t) = info.slo {
+                    let quantile = t.quantile.fraction().to_string();
+                    gauge(
+                        f,
+                        &[("service", service.as_str()), ("quantile", quantile.as_str())],
+                        t.target_ns as f64 / 1e9,
+                    )?;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    family(
+        enc,
         "isolator_service_slo_rate_bytes_per_second",
         "Throughput target of a throughput service.",
         Gauge,
@@ -757,6 +776,44 @@ mod tests {
         assert!(!text.contains("# TYPE isolator_cgroup_requests counter"));
     }
 
+    /// A target at the p95 is a series of the quantile family only: the p99.9 family says
+    /// p99.9 targets, nothing else.
+    #[test]
+    fn a_p95_target_is_said_at_its_quantile() {
+        let mut m = Model::new("0.1.0", 50_000, true, false);
+        let events = [Event::ServiceStats(ServiceStats {
+            service: "pg".into(),
+            slo: SloClass::Latency(crate::config::LatencyTarget {
+                quantile: crate::config::LatencyQuantile::P95,
+                target_ns: 3_000_000,
+            }),
+            dev: "254:0".into(),
+            state: "ok".into(),
+            ..Default::default()
+        })];
+        m.apply(&CycleInput {
+            snap: &crate::collect::collector::Snapshot {
+                cycle: 1,
+                interval_ns: 1_000_000_000,
+                ..Default::default()
+            },
+            cgroups: &[],
+            events: &events,
+            collect_ns: 1_000_000,
+        });
+        let (x, _) = render(&Arc::new(m), &mut String::new());
+        let text = std::str::from_utf8(&x.text).unwrap();
+        assert!(
+            text.lines().any(|l| l
+                == r#"isolator_service_slo_latency_seconds{service="pg",quantile="0.95"} 0.003"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"isolator_service_slo_p999_seconds{service="pg"}"#),
+            "{text}"
+        );
+    }
+
     #[test]
     fn series_say_what_the_model_holds() {
         let (x, _) = render(&sample_model(), &mut String::new());
@@ -815,6 +872,7 @@ mod tests {
             r#"isolator_service_limit_bytes_per_second{{{svc},knob="wbps"}} 52428800.0"#
         ));
         has(r#"isolator_service_slo_p999_seconds{service="db"} 0.005"#);
+        has(r#"isolator_service_slo_latency_seconds{service="db",quantile="0.999"} 0.005"#);
         has(r#"isolator_agent_notices_total{level="warning",code="docker_down"} 2"#);
         has(r#"isolator_discovery_up{source="docker"} 0.0"#);
         has(r#"isolator_build_info{version="0.1.0"} 1.0"#);

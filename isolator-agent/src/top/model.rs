@@ -99,6 +99,9 @@ pub struct Row {
     pub slo: Option<SloClass>,
     pub p50_ns: Option<u64>,
     pub p999_ns: Option<u64>,
+    /// For a latency SLO at another quantile than p99.9: the latency there, the worst over
+    /// the service's disks (`service_stats.slo_latency_ns`).
+    pub slo_latency_ns: Option<u64>,
     /// Requests behind `p999_ns`.
     pub samples: u64,
     pub read_mbps: f64,
@@ -130,6 +133,7 @@ impl Row {
             slo: None,
             p50_ns: None,
             p999_ns: None,
+            slo_latency_ns: None,
             samples: 0,
             read_mbps: 0.0,
             write_mbps: 0.0,
@@ -152,6 +156,7 @@ impl Row {
     fn idle(&mut self) {
         self.p50_ns = None;
         self.p999_ns = None;
+        self.slo_latency_ns = None;
         self.samples = 0;
         self.read_mbps = 0.0;
         self.write_mbps = 0.0;
@@ -432,12 +437,17 @@ impl Model {
                 self.push_action(a);
             }
             Event::SloInfeasible(f) => {
+                // An SLO at another quantile is said at it (`quantile` set).
+                let (q, latency, slo) = match f.quantile {
+                    Some(q) => (q.label(), f.latency_ns, f.slo_latency_ns),
+                    None => ("p99.9", f.p999_ns, f.slo_p999_ns),
+                };
                 let text = format!(
-                    "{} cannot meet its SLO on {}: p99.9 {} over {}, others at {:.0} MB/s; {} ({})",
+                    "{} cannot meet its SLO on {}: {q} {} over {}, others at {:.0} MB/s; {} ({})",
                     f.service,
                     f.dev,
-                    ns(f.p999_ns),
-                    ns(f.slo_p999_ns),
+                    ns(latency),
+                    ns(slo),
                     f.others_bps / 1e6,
                     f.reason,
                     f.action
@@ -452,13 +462,22 @@ impl Model {
                 self.push_action(a);
             }
             Event::DiskStall(f) => {
+                let (q, latency, slo, level) = match f.quantile {
+                    Some(q) => (
+                        q.label(),
+                        f.latency_ns,
+                        f.slo_latency_ns,
+                        f.level_latency_ns,
+                    ),
+                    None => ("p99.9", f.p999_ns, f.slo_p999_ns, f.level_p999_ns),
+                };
                 let text = format!(
-                    "{} over its SLO on {} in a stall of the disk: p99.9 {} over {} where the last cycles gave {}, others at {:.0} MB/s; {}",
+                    "{} over its SLO on {} in a stall of the disk: {q} {} over {} where the last cycles gave {}, others at {:.0} MB/s; {}",
                     f.service,
                     f.dev,
-                    ns(f.p999_ns),
-                    ns(f.slo_p999_ns),
-                    ns(f.level_p999_ns),
+                    ns(latency),
+                    ns(slo),
+                    ns(level),
                     f.others_bps / 1e6,
                     f.action
                 );
@@ -788,6 +807,7 @@ fn aggregate_service(row: &mut Row, parts: &[ServiceStats]) {
         .filter(|p| p.p999_ns.is_some())
         .max_by_key(|p| p.p999_ns);
     row.p999_ns = worst.and_then(|p| p.p999_ns);
+    row.slo_latency_ns = parts.iter().filter_map(|p| p.slo_latency_ns).max();
     row.p50_ns = worst.and_then(|p| p.p50_ns);
     row.samples = worst
         .map(|p| p.samples)

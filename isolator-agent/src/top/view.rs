@@ -271,7 +271,20 @@ fn cell(r: &Row, c: Column) -> Cell<'static> {
                 .map(|s| s.name().to_string())
                 .unwrap_or_else(|| "-".into()),
         ),
-        Column::Slo => Cell::from(slo_text(&r.slo)),
+        Column::Slo => {
+            // A target at another quantile than p99.9 is judged on the latency there, which
+            // no column shows: its cell says when it is over.
+            let over = match (&r.slo, r.slo_latency_ns) {
+                (Some(SloClass::Latency(t)), Some(l)) => l > t.target_ns,
+                _ => false,
+            };
+            let c = Cell::from(slo_text(&r.slo));
+            if over {
+                c.style(Style::new().fg(Color::Red))
+            } else {
+                c
+            }
+        }
         Column::P50 => Cell::from(ns(r.p50_ns)),
         Column::P999 => {
             let over = match (&r.slo, r.p999_ns) {
@@ -487,6 +500,12 @@ fn render_detail(f: &mut Frame, app: &App, area: Rect) {
                 "p99.9 {}{}, last {}",
                 ns(row.p999_ns),
                 match row.slo {
+                    Some(SloClass::Latency(t)) if t.quantile != LatencyQuantile::P999 => format!(
+                        " ({} {}, SLO {})",
+                        t.quantile.label(),
+                        ns(row.slo_latency_ns),
+                        slo_text(&row.slo)
+                    ),
                     Some(SloClass::Latency(_)) => format!(" (SLO {})", slo_text(&row.slo)),
                     _ => String::new(),
                 },
