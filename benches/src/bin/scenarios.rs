@@ -21,9 +21,11 @@
 //! stayed under in nine windows in ten there, 0.4-0.87 of the SLO
 //! (`postgres::IoTargetBasis::UnderCap`, `postgres::MAX_UNDER_CAP_IO_SHARE`). Its SLO comes
 //! from the calibration's three windows alone; the test's adds ten more windows alone.
-//! With `--pg-target p95` the database's SLO is at its reads' p95 instead: the level the
+//! By default (`--pg-target p95`) the database's SLO is at its reads' p95: the level the
 //! reads' p95 stayed under in nine cycles in ten under that cap
-//! (`postgres::IoTargetBasis::P95UnderCap`).
+//! (`postgres::IoTargetBasis::P95UnderCap`); the reads' p99.9 does not move with this
+//! writer's rate (BENCHMARKS.md, runs CA and CG). `--pg-target p999` sets the p99.9
+//! target described above instead.
 //!
 //! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
 //! `isolator_tests::vm_scenario`), judged the same way from the load generator's own log.
@@ -31,7 +33,7 @@
 //!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
 //!     [--writer-caps 300,400,500,600,800] [--scan-caps 40,80,120,160,200] [--mix-caps 60,100,150,200]
-//!     [--pg-caps 200,300,400,600] [--pg-target p999|p95 (default p999)] [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
+//!     [--pg-caps 200,300,400,600] [--pg-target p95|p999 (default p95)] [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
 //!     [--weights 1000/10,100/100 (mode `weights`: io.weight under iocost, vm-writer only)]
 //!     [--iocost-qos 'ctrl=user rpct=99.9 rlat=10000' (iocost's latency target in that mode)]
 //!     [--seconds 40] [--events-dir DIR]
@@ -121,7 +123,7 @@ fn run() -> Result<()> {
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
     let mut mix_caps: Vec<u64> = vec![60, 100, 150, 200];
     let mut pg_caps: Vec<u64> = vec![200, 300, 400, 600];
-    let mut pg_target = LatencyQuantile::P999;
+    let mut pg_target = LatencyQuantile::P95;
     let mut vm_caps: Vec<u64> = vec![100, 200, 250, 300, 400];
     let mut vm_slo_ms = 15u64;
     let mut weights: Vec<(u32, u32)> = vec![(1000, 10), (100, 100)];

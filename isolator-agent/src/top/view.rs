@@ -31,7 +31,8 @@ fn column_width(c: Column) -> u16 {
         Column::Name => 12,
         Column::Kind => 9,
         Column::Class => 11,
-        Column::Slo => 7,
+        // "p95 20.0ms": a target at another quantile names it.
+        Column::Slo => 10,
         Column::P50 => 7,
         Column::P999 => 7,
         Column::Samples => 5,
