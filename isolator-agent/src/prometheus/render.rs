@@ -665,15 +665,19 @@ fn service_families(m: &Model, enc: &mut DescriptorEncoder) -> fmt::Result {
     family(
         enc,
         "isolator_service_slo_latency_seconds",
-        "Latency target of a latency service at the quantile its SLO names (label quantile: 0.999, 0.99, 0.95 or 0.9).",
+        "Latency target of a latency service at the quantile its SLO names (label slo_quantile: 0.999, 0.99, 0.95 or 0.9).",
         Gauge,
         |f| {
             for (service, info) in &m.service_info {
                 if let crate::config::SloClass::Latency(t) = info.slo {
+                    // Not `quantile`: that label is a summary's (promtool refuses it here).
                     let quantile = t.quantile.fraction().to_string();
                     gauge(
                         f,
-                        &[("service", service.as_str()), ("quantile", quantile.as_str())],
+                        &[
+                            ("service", service.as_str()),
+                            ("slo_quantile", quantile.as_str()),
+                        ],
                         t.target_ns as f64 / 1e9,
                     )?;
                 }
@@ -805,7 +809,7 @@ mod tests {
         let text = std::str::from_utf8(&x.text).unwrap();
         assert!(
             text.lines().any(|l| l
-                == r#"isolator_service_slo_latency_seconds{service="pg",quantile="0.95"} 0.003"#),
+                == r#"isolator_service_slo_latency_seconds{service="pg",slo_quantile="0.95"} 0.003"#),
             "{text}"
         );
         assert!(
@@ -872,7 +876,7 @@ mod tests {
             r#"isolator_service_limit_bytes_per_second{{{svc},knob="wbps"}} 52428800.0"#
         ));
         has(r#"isolator_service_slo_p999_seconds{service="db"} 0.005"#);
-        has(r#"isolator_service_slo_latency_seconds{service="db",quantile="0.999"} 0.005"#);
+        has(r#"isolator_service_slo_latency_seconds{service="db",slo_quantile="0.999"} 0.005"#);
         has(r#"isolator_agent_notices_total{level="warning",code="docker_down"} 2"#);
         has(r#"isolator_discovery_up{source="docker"} 0.0"#);
         has(r#"isolator_build_info{version="0.1.0"} 1.0"#);
