@@ -929,19 +929,24 @@ impl Calibration {
         ))
     }
 
+    /// The highest of `(cap MB/s, run)` whose run kept pgbench's SLO.
+    fn highest_cap_kept<'a>(&self, runs: &[(u64, &'a ModeRun)]) -> Option<(u64, &'a ModeRun)> {
+        runs.iter()
+            .filter(|(_, run)| run.keeps_slo(PHASES, self.slo_ms))
+            .max_by_key(|(cap, _)| *cap)
+            .copied()
+    }
+
     /// A p95 target for db's block I/O from runs under static caps run with a p95 SLO
     /// (their events carry the reads' p95), `(cap MB/s, run)`
     /// ([`IoTargetBasis::P95UnderCap`]); None if no cap kept pgbench's SLO or the highest
     /// that did had no steady cycle with reads.
     pub fn p95_target_under_caps(&self, runs: &[(u64, &ModeRun)]) -> Option<IoTarget> {
-        let (cap_mbps, run) = runs
-            .iter()
-            .filter(|(_, run)| run.keeps_slo(PHASES, self.slo_ms))
-            .max_by_key(|(cap, _)| *cap)?;
+        let (cap_mbps, run) = self.highest_cap_kept(runs)?;
         let reads_p90_ms = nine_in_ten(&steady_reads_ms(run, "slo_latency_ns"))?;
         Some(IoTarget {
             basis: IoTargetBasis::P95UnderCap {
-                cap_mbps: *cap_mbps,
+                cap_mbps,
                 reads_p90_ms,
             },
             share: reads_p90_ms / self.slo_ms as f64,
@@ -955,17 +960,14 @@ impl Calibration {
     /// run)` ([`IoTargetBasis::UnderCap`]); None if no cap kept pgbench's SLO or the
     /// highest that did had no steady cycle with reads.
     pub fn io_target_under_caps(&self, runs: &[(u64, &ModeRun)]) -> Option<IoTarget> {
-        let (cap_mbps, run) = runs
-            .iter()
-            .filter(|(_, run)| run.keeps_slo(PHASES, self.slo_ms))
-            .max_by_key(|(cap, _)| *cap)?;
+        let (cap_mbps, run) = self.highest_cap_kept(runs)?;
         let reads_p90_ms = nine_in_ten(&steady_reads_ms(run, "p999_ns"))?;
         let mut windows_ms = run.windows_ms(PHASES);
         windows_ms.sort_by(f64::total_cmp);
         let pgbench_p90_window_ms = nine_in_ten(&windows_ms).filter(|&ms| ms > 0.0)?;
         Some(self.io_target(
             IoTargetBasis::UnderCap {
-                cap_mbps: *cap_mbps,
+                cap_mbps,
                 reads_p90_ms,
                 pgbench_p90_window_ms,
             },

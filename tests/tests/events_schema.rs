@@ -80,7 +80,7 @@ fn fields_of_an_slo_at_another_quantile_match_docs() {
     use isolator::{
         config::{LatencyQuantile, LatencyTarget, SloClass},
         events::{Decision, DiskStall, Event, ServiceStats, SloInfeasible, ViolationInfo},
-        policy::Cause,
+        policy::{Cause, LatencyNumbers},
     };
     let doc = documented();
     let p95 = SloClass::Latency(LatencyTarget {
@@ -88,6 +88,13 @@ fn fields_of_an_slo_at_another_quantile_match_docs() {
         target_ns: 3_000_000,
     });
     let (q, latency, slo) = (Some(LatencyQuantile::P95), Some(9_000_000), Some(3_000_000));
+    let numbers = LatencyNumbers {
+        p999_ns: Some(30_000_000),
+        slo_p999_ns: None,
+        quantile: q,
+        latency_ns: latency,
+        slo_latency_ns: slo,
+    };
     let events = [
         Event::ServiceStats(ServiceStats {
             service: "pg".into(),
@@ -118,16 +125,12 @@ fn fields_of_an_slo_at_another_quantile_match_docs() {
         }),
         Event::SloInfeasible(SloInfeasible {
             service: "pg".into(),
-            quantile: q,
-            latency_ns: latency,
-            slo_latency_ns: slo,
+            latency: numbers,
             ..Default::default()
         }),
         Event::DiskStall(DiskStall {
             service: "pg".into(),
-            quantile: q,
-            latency_ns: latency,
-            slo_latency_ns: slo,
+            latency: numbers,
             level_latency_ns: Some(2_000_000),
             ..Default::default()
         }),

@@ -21,14 +21,14 @@ pub use sink::NdjsonSink;
 
 use crate::{
     collect::probe::{KernelFeatures, ProgramStats, StatsCapacity},
-    config::{LatencyQuantile, SloClass},
+    config::SloClass,
     events::stream::ReplayRole,
     identify::cgroupfs::CgroupMode,
     identify::containers::ContainerTable,
     identify::naming::{self, QosClass, Runtime, ServiceKind},
     measure::character::{Character, CharacterClass},
     measure::metrics::OpStats,
-    policy::{Cause, DeviceCycle, IoMaxLimit, ServiceId},
+    policy::{Cause, DeviceCycle, IoMaxLimit, LatencyNumbers, ServiceId},
 };
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -175,17 +175,9 @@ pub struct SloInfeasible {
     pub service: String,
     pub dev: String,
     pub policy: String,
-    pub p999_ns: Option<u64>,
-    /// The target of a p99.9 SLO (null for one at another quantile).
-    pub slo_p999_ns: Option<u64>,
-    /// An SLO at another quantile than p99.9: the quantile, the latency there and the
-    /// target (`policy::LatencyNumbers`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile: Option<LatencyQuantile>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub latency_ns: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slo_latency_ns: Option<u64>,
+    /// Its latency and target: on the p99.9, or at another quantile it names.
+    #[serde(flatten)]
+    pub latency: LatencyNumbers,
     /// Everyone else's rate on the device in the cycle.
     #[serde(deserialize_with = "crate::events::f64_or_null")]
     pub others_bps: f64,
@@ -204,19 +196,12 @@ pub struct DiskStall {
     pub service: String,
     pub dev: String,
     pub policy: String,
-    pub p999_ns: Option<u64>,
-    pub slo_p999_ns: Option<u64>,
+    /// Its latency and target: on the p99.9, or at another quantile it names.
+    #[serde(flatten)]
+    pub latency: LatencyNumbers,
     /// The worst p99.9 the same or higher caps gave in the last cycles (null for an SLO
-    /// at another quantile).
+    /// at another quantile, whose level is `level_latency_ns`).
     pub level_p999_ns: Option<u64>,
-    /// An SLO at another quantile than p99.9: the quantile, the latency there, the target
-    /// and the level (`policy::LatencyNumbers`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub quantile: Option<LatencyQuantile>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub latency_ns: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slo_latency_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub level_latency_ns: Option<u64>,
     /// Everyone else's rate on the device in the cycle.
@@ -647,6 +632,48 @@ mod tests {
 
     /// `policy_input` is made of the policy's own types: a field renamed there changes the
     /// recorded stream, so its wire form is pinned here (a change is a schema decision).
+    /// A p99.9 verdict, flattened into the event, reads as the fields always did: both
+    /// p99.9 fields present (null when unknown), none of another quantile's.
+    #[test]
+    fn a_p999_disk_stall_keeps_its_fields() {
+        let e = DiskStall {
+            service: "db".into(),
+            latency: LatencyNumbers {
+                p999_ns: Some(9_000_000),
+                slo_p999_ns: Some(5_000_000),
+                ..Default::default()
+            },
+            level_p999_ns: Some(2_000_000),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(Event::DiskStall(e.clone())).unwrap();
+        assert_eq!(
+            (&v["p999_ns"], &v["slo_p999_ns"], &v["level_p999_ns"]),
+            (
+                &serde_json::json!(9_000_000),
+                &serde_json::json!(5_000_000),
+                &serde_json::json!(2_000_000)
+            )
+        );
+        for absent in [
+            "quantile",
+            "latency_ns",
+            "slo_latency_ns",
+            "level_latency_ns",
+            "latency",
+        ] {
+            assert!(v.get(absent).is_none(), "{absent} in {v}");
+        }
+        assert_eq!(
+            serde_json::from_value::<Event>(v).unwrap(),
+            Event::DiskStall(e)
+        );
+        let v = serde_json::to_value(Event::SloInfeasible(SloInfeasible::default())).unwrap();
+        for always in ["p999_ns", "slo_p999_ns"] {
+            assert_eq!(v.get(always), Some(&serde_json::Value::Null), "{v}");
+        }
+    }
+
     #[test]
     fn cgroups_of_pods_are_named_by_what_containerd_says() {
         use crate::identify::containers::{ContainerInfo, ContainerUpdate, PodMember};

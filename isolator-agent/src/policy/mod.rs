@@ -564,13 +564,18 @@ pub(crate) fn base_cause(d: &DeviceCycle, s: &ServiceLoad) -> Cause {
 /// A latency service's cycle against its target as events carry it. A p99.9 SLO fills
 /// `p999_ns` and `slo_p999_ns`, as it always has; an SLO at another quantile fills
 /// `quantile`, `latency_ns` and `slo_latency_ns`, and `p999_ns` is then the cycle's p99.9
-/// for reference: no field named for the p99.9 ever holds a p95.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// for reference: no field named for the p99.9 ever holds a p95. The events that report a
+/// latency verdict (`slo_infeasible`, `disk_stall`) carry it flattened, as these fields.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LatencyNumbers {
     pub p999_ns: Option<u64>,
     pub slo_p999_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub quantile: Option<LatencyQuantile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slo_latency_ns: Option<u64>,
 }
 

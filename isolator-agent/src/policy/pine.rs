@@ -64,7 +64,7 @@ fn concurrency_step(
     levels: &mut Levels,
     d: &DeviceCycle,
     s: &ServiceLoad,
-    why: &str,
+    why: impl FnOnce() -> String,
 ) -> Vec<Decision> {
     if !s.violating() || !s.can_change(d.cycle) {
         return vec![];
@@ -85,7 +85,7 @@ fn concurrency_step(
         s,
         d.dev,
         next,
-        format!("{why}: concurrency {p:.0} -> {next:.2} (PINE eq. 2-3)"),
+        format!("{}: concurrency {p:.0} -> {next:.2} (PINE eq. 2-3)", why()),
         cause,
     )
 }
@@ -105,8 +105,9 @@ impl Policy for Pine {
     fn decide(&mut self, d: &DeviceCycle) -> Vec<Decision> {
         let mut out = throughput_allocation(d);
         for s in &d.services {
-            let why = format!("{} over target", s.slo_quantile().label());
-            out.extend(concurrency_step(&mut self.levels, d, s, &why));
+            // Worded only for a decision: this runs for every service every cycle.
+            let why = || format!("{} over target", s.slo_quantile().label());
+            out.extend(concurrency_step(&mut self.levels, d, s, why));
         }
         out
     }
@@ -144,12 +145,9 @@ impl Policy for Priority {
                     .total_cmp(&b.th_dif().unwrap_or(0.0))
             });
         if let Some(s) = top {
-            out.extend(concurrency_step(
-                &mut self.levels,
-                d,
-                s,
-                "largest Th_dif among violators",
-            ));
+            out.extend(concurrency_step(&mut self.levels, d, s, || {
+                "largest Th_dif among violators".into()
+            }));
         }
         out
     }

@@ -438,9 +438,10 @@ impl Model {
             }
             Event::SloInfeasible(f) => {
                 // An SLO at another quantile is said at it (`quantile` set).
-                let (q, latency, slo) = match f.quantile {
-                    Some(q) => (q.label(), f.latency_ns, f.slo_latency_ns),
-                    None => ("p99.9", f.p999_ns, f.slo_p999_ns),
+                let l = &f.latency;
+                let (q, latency, slo) = match l.quantile {
+                    Some(q) => (q.label(), l.latency_ns, l.slo_latency_ns),
+                    None => ("p99.9", l.p999_ns, l.slo_p999_ns),
                 };
                 let text = format!(
                     "{} cannot meet its SLO on {}: {q} {} over {}, others at {:.0} MB/s; {} ({})",
@@ -462,14 +463,15 @@ impl Model {
                 self.push_action(a);
             }
             Event::DiskStall(f) => {
-                let (q, latency, slo, level) = match f.quantile {
+                let l = &f.latency;
+                let (q, latency, slo, level) = match l.quantile {
                     Some(q) => (
                         q.label(),
-                        f.latency_ns,
-                        f.slo_latency_ns,
+                        l.latency_ns,
+                        l.slo_latency_ns,
                         f.level_latency_ns,
                     ),
-                    None => ("p99.9", f.p999_ns, f.slo_p999_ns, f.level_p999_ns),
+                    None => ("p99.9", l.p999_ns, l.slo_p999_ns, f.level_p999_ns),
                 };
                 let text = format!(
                     "{} over its SLO on {} in a stall of the disk: {q} {} over {} where the last cycles gave {}, others at {:.0} MB/s; {}",
