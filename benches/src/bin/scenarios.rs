@@ -25,7 +25,9 @@
 //! reads' p95 stayed under in nine cycles in ten under that cap
 //! (`postgres::IoTargetBasis::P95UnderCap`); the reads' p99.9 does not move with this
 //! writer's rate (BENCHMARKS.md, runs CA and CG). `--pg-target p999` sets the p99.9
-//! target described above instead.
+//! target described above instead; `--pg-target p95,p999` measures both from the same
+//! static runs and runs each policy once per target, side by side in every repeat (the
+//! observe-only modes once, their events at the first target's quantile).
 //!
 //! `vm-writer` is scenario 6: `writer` inside a qemu guest on cgroup v2 `io.max` (see
 //! `isolator_tests::vm_scenario`), judged the same way from the load generator's own log.
@@ -33,7 +35,7 @@
 //!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
 //!     [--writer-caps 300,400,500,600,800] [--scan-caps 40,80,120,160,200] [--mix-caps 60,100,150,200]
-//!     [--pg-caps 200,300,400,600] [--pg-target p95|p999 (default p95)] [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
+//!     [--pg-caps 200,300,400,600] [--pg-target p95|p999|p95,p999 (default p95)] [--vm-caps 100,200,250,300,400] [--vm-slo-ms N (default 15)]
 //!     [--weights 1000/10,100/100 (mode `weights`: io.weight under iocost, vm-writer only)]
 //!     [--iocost-qos 'ctrl=user rpct=99.9 rlat=10000' (iocost's latency target in that mode)]
 //!     [--seconds 40] [--events-dir DIR]
@@ -55,7 +57,9 @@ use isolator_tests::{
 const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
 
 /// A policy's mode: its name, or `name@REV` for the agent built at another commit.
-fn is_policy(mode: &str) -> bool {
+/// Whether a report's label is a policy's: `adaptive`, `adaptive@REV`, `adaptive (p95)`.
+fn is_policy(label: &str) -> bool {
+    let mode = label.split(' ').next().unwrap_or(label);
     POLICIES.contains(&scenario::policy_and_rev(mode).0)
 }
 
@@ -123,7 +127,7 @@ fn run() -> Result<()> {
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
     let mut mix_caps: Vec<u64> = vec![60, 100, 150, 200];
     let mut pg_caps: Vec<u64> = vec![200, 300, 400, 600];
-    let mut pg_target = LatencyQuantile::P95;
+    let mut pg_targets = vec![LatencyQuantile::P95];
     let mut vm_caps: Vec<u64> = vec![100, 200, 250, 300, 400];
     let mut vm_slo_ms = 15u64;
     let mut weights: Vec<(u32, u32)> = vec![(1000, 10), (100, 100)];
@@ -144,10 +148,16 @@ fn run() -> Result<()> {
             "--mix-caps" => mix_caps = list(val()?, "--mix-caps: MB/s values")?,
             "--pg-caps" => pg_caps = list(val()?, "--pg-caps: MB/s values")?,
             "--pg-target" => {
-                pg_target = match val()?.as_str() {
-                    "p999" => LatencyQuantile::P999,
-                    "p95" => LatencyQuantile::P95,
-                    other => bail!("--pg-target: '{other}' is not a quantile the benchmark calibrates; use p999 or p95"),
+                pg_targets = vec![];
+                for q in list::<String>(val()?, "--pg-target")? {
+                    let q = match q.as_str() {
+                        "p999" => LatencyQuantile::P999,
+                        "p95" => LatencyQuantile::P95,
+                        other => bail!("--pg-target: '{other}' is not a quantile the benchmark calibrates; use p999, p95 or both (p95,p999)"),
+                    };
+                    if !pg_targets.contains(&q) {
+                        pg_targets.push(q);
+                    }
                 }
             }
             "--vm-caps" => vm_caps = list(val()?, "--vm-caps: MB/s values")?,
@@ -237,7 +247,7 @@ fn run() -> Result<()> {
     let mix_files = paper_mix.as_ref().map(|_| MixFiles::new(&scratch));
     let dev = disk_of(&scratch.dir);
     let pg = pg
-        .then(|| PgBench::new(&scratch, &pg_caps, pg_target))
+        .then(|| PgBench::new(&scratch, &pg_caps, &pg_targets))
         .transpose()?;
     let mut pg_results: BTreeMap<String, Vec<PgOutcome>> = BTreeMap::new();
     let mut pg_best: Vec<Option<PgOutcome>> = vec![];
@@ -312,10 +322,25 @@ fn run() -> Result<()> {
         if let Some(pg) = &pg {
             'pg: {
                 let mut outs = vec![];
-                for mode in modes_of(&pg_caps, r, false) {
-                    eprintln!("run {} postgres: {}", r + 1, mode.label());
+                // A policy runs once per target, side by side (`--pg-target p95,p999`),
+                // their order turned every other repeat as the modes' is; the observe-only
+                // modes once, under the first target's config.
+                let runs = modes_of(&pg_caps, r, false).into_iter().flat_map(|mode| {
+                    let mut targets: Vec<usize> = match mode {
+                        Mode::Policy(_) => (0..pg.targets.len()).collect(),
+                        _ => vec![0],
+                    };
+                    if r % 2 == 1 {
+                        targets.reverse();
+                    }
+                    targets.into_iter().map(move |t| (mode.clone(), t))
+                });
+                for (mode, t) in runs {
+                    let label = pg.label(&mode, t);
+                    eprintln!("run {} postgres: {label}", r + 1);
                     let Some(o) = twice(("postgres", r, &mode), &mut skipped, || {
-                        pg.run(&scratch, &dev, &mode).map_err(|e| format!("{e:#}"))
+                        pg.run(&scratch, &dev, &mode, t)
+                            .map_err(|e| format!("{e:#}"))
                     }) else {
                         break 'pg;
                     };
@@ -331,12 +356,17 @@ fn run() -> Result<()> {
                         o.agent.steady.changes
                     );
                     if let Some(dir) = &events_dir {
-                        write_events(dir, "postgres", &mode, r, &o.agent.events)?;
+                        let scenario = match pg.label_suffix(&mode, t) {
+                            Some(q) => format!("postgres-{q}"),
+                            None => "postgres".into(),
+                        };
+                        write_events(dir, &scenario, &mode, r, &o.agent.events)?;
                     }
-                    outs.push(o);
+                    outs.push((label, o));
                 }
                 pg_best.push(
                     outs.iter()
+                        .map(|(_, o)| o)
                         .filter(|o| matches!(o.agent.mode, Mode::Static(_)) && o.keeps_slo())
                         .max_by(|a, b| {
                             a.agent
@@ -345,8 +375,8 @@ fn run() -> Result<()> {
                         })
                         .cloned(),
                 );
-                for o in outs {
-                    pg_results.entry(o.agent.mode.label()).or_default().push(o);
+                for (label, o) in outs {
+                    pg_results.entry(label).or_default().push(o);
                 }
             }
         }
@@ -437,27 +467,31 @@ struct PgBench {
     cluster: Cluster,
     backup: TestCgroup,
     wfile: std::path::PathBuf,
-    config: std::path::PathBuf,
     calibration: Calibration,
-    /// The agent's I/O target the repeats run with.
-    target: postgres::IoTarget,
+    /// The agent's I/O targets the repeats run with, each with its config: a policy runs
+    /// once per target, the observe-only modes under the first.
+    targets: Vec<(postgres::IoTarget, std::path::PathBuf)>,
     /// The share the uncapped run alone gave (the test's target), for the report.
     uncapped: postgres::IoTarget,
 }
 
 impl PgBench {
-    fn new(scratch: &Scratch, caps: &[u64], quantile: LatencyQuantile) -> Result<PgBench> {
+    fn new(scratch: &Scratch, caps: &[u64], quantiles: &[LatencyQuantile]) -> Result<PgBench> {
+        let quantile = *quantiles.first().context("--pg-target: no quantile")?;
         let cluster = Cluster::create(postgres::SIZE);
         let backup = TestCgroup::new("iso-pg-backup");
         let wfile = noisy::writer_file(scratch);
         let calibration = postgres::calibrate(&cluster, scratch).map_err(anyhow::Error::msg)?;
-        let config = scratch.path("postgres.toml");
+        let config_of = |q: LatencyQuantile| scratch.path(&format!("postgres-{}.toml", q.label()));
+        let config = config_of(quantile);
         let write_config = |quantile: LatencyQuantile, io_slo_us: u64| {
+            let config = config_of(quantile);
             std::fs::write(
                 &config,
                 noisy::config_at(&cluster.blkio, &backup, quantile, io_slo_us),
             )
             .with_context(|| format!("writing {}", config.display()))
+            .map(|()| config)
         };
         // Runs before the target is known are observed only; at the quantile the target
         // will be at, so that their events carry it.
@@ -494,47 +528,70 @@ impl PgBench {
         }
         let runs: Vec<(u64, &postgres::ModeRun)> =
             under_caps.iter().map(|(c, m)| (*c, m)).collect();
-        let target = match quantile {
-            // No share of the SLO says where a p95 must be: without a cap that kept the
-            // SLO there is no p95 target, and a p99.9 one in its place would be another
-            // benchmark under this one's name.
-            LatencyQuantile::P95 => {
-                calibration.p95_target_under_caps(&runs).with_context(|| {
-                    format!(
+        let target_at = |quantile: LatencyQuantile| -> Result<postgres::IoTarget> {
+            Ok(match quantile {
+                // No share of the SLO says where a p95 must be: without a cap that kept the
+                // SLO there is no p95 target, and a p99.9 one in its place would be another
+                // benchmark under this one's name.
+                LatencyQuantile::P95 => {
+                    calibration.p95_target_under_caps(&runs).with_context(|| {
+                        format!(
                     "no p95 target: no static cap of {caps:?} MB/s kept pgbench's SLO ({} ms), \
                      or the highest that did logged no steady cycle with db's reads; add lower \
                      --pg-caps",
                     calibration.slo_ms
                 )
-                })?
-            }
-            _ => calibration.io_target_under_caps(&runs).unwrap_or_else(|| {
-                eprintln!("postgres: no static cap kept pgbench's SLO: the uncapped run's share");
-                uncapped
-            }),
+                    })?
+                }
+                _ => calibration.io_target_under_caps(&runs).unwrap_or_else(|| {
+                    eprintln!(
+                        "postgres: no static cap kept pgbench's SLO: the uncapped run's share"
+                    );
+                    uncapped
+                }),
+            })
         };
-        write_config(target.quantile, target.io_slo_us)?;
-        eprintln!(
-            "postgres: pgbench alone p99.9 per window {:.2?} ms: SLO {} ms, the agent's I/O \
-             target {target}; the uncapped run's would have been {uncapped}",
-            calibration.windows_ms, calibration.slo_ms,
-        );
+        let mut targets = vec![];
+        for &q in quantiles {
+            let target = target_at(q)?;
+            let config = write_config(target.quantile, target.io_slo_us)?;
+            eprintln!(
+                "postgres: pgbench alone p99.9 per window {:.2?} ms: SLO {} ms, the agent's I/O \
+                 target {target}; the uncapped run's would have been {uncapped}",
+                calibration.windows_ms, calibration.slo_ms,
+            );
+            targets.push((target, config));
+        }
         Ok(PgBench {
             cluster,
             backup,
             wfile,
-            config,
             calibration,
-            target,
+            targets,
             uncapped,
         })
     }
 
-    fn run(&self, scratch: &Scratch, dev: &str, mode: &Mode) -> Result<PgOutcome> {
+    /// With more than one target, a policy mode's runs are told apart by its quantile.
+    fn label_suffix(&self, mode: &Mode, t: usize) -> Option<&'static str> {
+        (self.targets.len() > 1 && matches!(mode, Mode::Policy(_)))
+            .then(|| self.targets[t].0.quantile.label())
+    }
+
+    /// The mode's label in the report: `adaptive (p95)` when policies run per target.
+    fn label(&self, mode: &Mode, t: usize) -> String {
+        match self.label_suffix(mode, t) {
+            Some(q) => format!("{} ({q})", mode.label()),
+            None => mode.label(),
+        }
+    }
+
+    fn run(&self, scratch: &Scratch, dev: &str, mode: &Mode, t: usize) -> Result<PgOutcome> {
+        let (target, config) = &self.targets[t];
         let m = postgres::run_in_mode(
             &self.cluster,
             (&self.backup, &self.wfile),
-            &self.config,
+            config,
             (dev, mode),
             PHASES,
             scratch,
@@ -546,7 +603,7 @@ impl PgBench {
             solo_s: PHASES.solo_s,
             ..Scenario::new(
                 Aggressor::Writer,
-                self.target.io_slo_us.div_ceil(1000),
+                target.io_slo_us.div_ceil(1000),
                 PHASES.writer_s,
             )
         };
@@ -611,7 +668,11 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
         cal.slo_ms,
         cal.solo_p999_ms,
         cal.windows_ms,
-        pg.target,
+        pg.targets
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .collect::<Vec<_>>()
+            .join("; and "),
         pg.uncapped,
         (PHASES.writer_s * 1000 - PHASES.settle_ms) as f64 / 1000.0 / PHASES.windows as f64,
         best_labels.join(", ")
