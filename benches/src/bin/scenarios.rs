@@ -56,8 +56,8 @@ use isolator_tests::{
 
 const POLICIES: [&str; 5] = ["adaptive", "pine", "priority", "slae", "ute"];
 
-/// A policy's mode: its name, or `name@REV` for the agent built at another commit.
-/// Whether a report's label is a policy's: `adaptive`, `adaptive@REV`, `adaptive (p95)`.
+/// Whether a report's label is a policy's: its name, `name@REV` for the agent built at
+/// another commit, `name (p95)` for a PostgreSQL run at one of several targets.
 fn is_policy(label: &str) -> bool {
     let mode = label.split(' ').next().unwrap_or(label);
     POLICIES.contains(&scenario::policy_and_rev(mode).0)
@@ -287,7 +287,7 @@ fn run() -> Result<()> {
                 let mut outs = vec![];
                 for mode in modes_of(&mix_caps, r, false) {
                     eprintln!("run {} paper-mix: {}", r + 1, mode.label());
-                    let Some(o) = twice(("paper-mix", r, &mode), &mut skipped, || {
+                    let Some(o) = twice(("paper-mix", r, &mode.label()), &mut skipped, || {
                         mix::run(&scratch, files, &dev, m, &mode)
                     }) else {
                         break 'mix;
@@ -338,7 +338,7 @@ fn run() -> Result<()> {
                 for (mode, t) in runs {
                     let label = pg.label(&mode, t);
                     eprintln!("run {} postgres: {label}", r + 1);
-                    let Some(o) = twice(("postgres", r, &mode), &mut skipped, || {
+                    let Some(o) = twice(("postgres", r, &label), &mut skipped, || {
                         pg.run(&scratch, &dev, &mode, t)
                             .map_err(|e| format!("{e:#}"))
                     }) else {
@@ -385,12 +385,14 @@ fn run() -> Result<()> {
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
-                let Some(o) = twice((name, r, &m), &mut skipped, || match (&files, &vm_disk) {
-                    (Some(files), _) if on_host(name) => {
-                        scenario::run(&scratch, files, &dev, sc, &m)
+                let Some(o) = twice((name, r, &m.label()), &mut skipped, || {
+                    match (&files, &vm_disk) {
+                        (Some(files), _) if on_host(name) => {
+                            scenario::run(&scratch, files, &dev, sc, &m)
+                        }
+                        (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
+                        _ => unreachable!("the files of every scenario asked for are made"),
                     }
-                    (_, Some(disk)) => vm_scenario::run_with_qos(disk, sc, &m, &iocost_qos),
-                    _ => unreachable!("the files of every scenario asked for are made"),
                 }) else {
                     continue 'scenarios;
                 };
@@ -445,17 +447,17 @@ fn run() -> Result<()> {
 /// guest's kernel oopsing at boot under emulation) that says nothing of the mode. A second
 /// failure is recorded in `skipped`, naming the scenario and repeat (None then).
 fn twice<T>(
-    (scenario, repeat, mode): (&str, u32, &Mode),
+    (scenario, repeat, label): (&str, u32, &str),
     skipped: &mut Vec<String>,
     mut run: impl FnMut() -> Result<T, String>,
 ) -> Option<T> {
     run()
         .or_else(|e| {
-            eprintln!("{}: {e}; again", mode.label());
+            eprintln!("{label}: {e}; again");
             run()
         })
         .map_err(|e| {
-            let left_out = format!("{scenario}, repeat {}: {}: {e}", repeat + 1, mode.label());
+            let left_out = format!("{scenario}, repeat {}: {label}: {e}", repeat + 1);
             eprintln!("left out: {left_out}");
             skipped.push(left_out);
         })
@@ -483,7 +485,6 @@ impl PgBench {
         let wfile = noisy::writer_file(scratch);
         let calibration = postgres::calibrate(&cluster, scratch).map_err(anyhow::Error::msg)?;
         let config_of = |q: LatencyQuantile| scratch.path(&format!("postgres-{}.toml", q.label()));
-        let config = config_of(quantile);
         let write_config = |quantile: LatencyQuantile, io_slo_us: u64| {
             let config = config_of(quantile);
             std::fs::write(
@@ -495,7 +496,7 @@ impl PgBench {
         };
         // Runs before the target is known are observed only; at the quantile the target
         // will be at, so that their events carry it.
-        write_config(quantile, calibration.io_slo_ms * 1000)?;
+        let config = write_config(quantile, calibration.io_slo_ms * 1000)?;
         // The agent's I/O target, measured once per run before the repeats: under the
         // highest of the static caps that kept pgbench's SLO, each run once here, apart from
         // the repeats' own sweeps that judge the policies (`IoTargetBasis::UnderCap`); the

@@ -630,8 +630,6 @@ mod tests {
         policy::{IoMaxLimit, ServiceLoad},
     };
 
-    /// `policy_input` is made of the policy's own types: a field renamed there changes the
-    /// recorded stream, so its wire form is pinned here (a change is a schema decision).
     /// A p99.9 verdict, flattened into the event, reads as the fields always did: both
     /// p99.9 fields present (null when unknown), none of another quantile's.
     #[test]
@@ -755,6 +753,8 @@ mod tests {
         assert_eq!(v["pod_container"], "app");
     }
 
+    /// `policy_input` is made of the policy's own types: a field renamed there changes the
+    /// recorded stream, so its wire form is pinned here (a change is a schema decision).
     #[test]
     fn policy_input_wire_form_is_pinned() {
         let e = Event::PolicyInput(PolicyInput {
