@@ -8,7 +8,8 @@
 //!
 //! The readers run alone for a few seconds, then both writers start together. A static
 //! mode caps `ingest` at its rate target and `backup` at the mode's rate, by hand (what an
-//! operator would set: the promised rate, and what the disk can spare for the rest); a run
+//! operator would set: the promised rate, and what the disk can spare for the rest), or
+//! each writer at a rate of its own (`Mode::StaticPair`: `ingest` above its promise); a run
 //! keeps its promises when, over the steady cycles, both readers' p99.9 by
 //! fio's own logs is within their SLOs, at most one cycle in ten has a service violating,
 //! and `ingest` gets its rate. Work conservation is the two writers' bytes together.
@@ -25,6 +26,9 @@ use crate::{
     scenario::{self, Aggressor, Mode, SteadyBudget, STEADY_AFTER_CYCLES},
     Agent, Scratch, TestCgroup,
 };
+
+/// `ingest`'s rate target.
+pub const INGEST_RATE_MBPS: u64 = 100;
 
 /// The mix's targets and timing.
 #[derive(Debug, Clone)]
@@ -43,7 +47,7 @@ impl Mix {
         Mix {
             db_slo_ms,
             cache_slo_ms: 2 * db_slo_ms,
-            ingest_rate_mbps: 100,
+            ingest_rate_mbps: INGEST_RATE_MBPS,
             solo_s: 5,
             seconds,
         }
@@ -200,10 +204,14 @@ fn run_once(
     };
     let config = scratch.path("mix.toml");
     std::fs::write(&config, mix.config(&cg)).map_err(|e| format!("{}: {e}", config.display()))?;
-    if let Mode::Static(mbps) = mode {
-        let ingest_bps = mix.ingest_rate_mbps * 1_000_000;
-        scenario::set_cap(&cg.ingest, Aggressor::Writer, dev, ingest_bps)?;
-        scenario::set_cap(&cg.backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
+    let static_caps_mbps = match *mode {
+        Mode::Static(backup) => Some((mix.ingest_rate_mbps, backup)),
+        Mode::StaticPair(ingest, backup) => Some((ingest, backup)),
+        _ => None,
+    };
+    if let Some((ingest, backup)) = static_caps_mbps {
+        scenario::set_cap(&cg.ingest, Aggressor::Writer, dev, ingest * 1_000_000)?;
+        scenario::set_cap(&cg.backup, Aggressor::Writer, dev, backup * 1_000_000)?;
     }
     let journal = scratch.path("journal");
     let args = mode.agent_args();
@@ -245,7 +253,7 @@ fn run_once(
         .all(|r| r.wait().is_ok_and(|s| s.success()));
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
-    if let Mode::Static(_) = mode {
+    if static_caps_mbps.is_some() {
         for w in [&cg.ingest, &cg.backup] {
             scenario::set_cap(w, Aggressor::Writer, dev, 0)?;
         }

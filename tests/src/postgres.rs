@@ -1086,7 +1086,7 @@ pub fn run_in_mode(
     phases: Phases,
     scratch: &Scratch,
 ) -> Result<ModeRun, String> {
-    use crate::scenario::{set_cap, Aggressor, Mode};
+    use crate::scenario::{set_cap, Aggressor};
     let label = mode.label();
     // Each run its own names: pgbench's log is every file under its prefix, and a bench
     // runs each mode once per repeat in one scratch directory.
@@ -1095,7 +1095,8 @@ pub fn run_in_mode(
     let mode_args = mode.agent_args();
     let mut args = crate::SOCKETS_OFF.to_vec();
     args.extend(mode_args.iter().map(String::as_str));
-    if let Mode::Static(mbps) = mode {
+    let cap_mbps = mode.single_aggressor_cap()?;
+    if let Some(mbps) = cap_mbps {
         set_cap(backup, Aggressor::Writer, dev, mbps * 1_000_000)?;
     }
     let mut agent =
@@ -1111,7 +1112,7 @@ pub fn run_in_mode(
     );
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
-    if let Mode::Static(_) = mode {
+    if cap_mbps.is_some() {
         set_cap(backup, Aggressor::Writer, dev, 0)?;
     }
     if !status.success() {

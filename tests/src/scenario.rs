@@ -130,8 +130,13 @@ pub const STEADY_AFTER_CYCLES: u64 = 10;
 pub enum Mode {
     /// The agent observes (`--dry-run`), nothing is limited.
     None,
-    /// The aggressor capped at this many MB/s by hand, for the whole run.
+    /// The aggressor capped at this many MB/s by hand, for the whole run (paper 001's mix:
+    /// `backup`, with `ingest` at its rate target).
     Static(u64),
+    /// Two aggressors capped by hand, the first and the second at these MB/s: paper 001's
+    /// mix's `ingest` and `backup`, so its static sweep covers splits of the writers'
+    /// bandwidth, not only the backup's share next to the promised rate.
+    StaticPair(u64, u64),
     /// A policy writes limits. `policy@REV` runs it in the agent built at another commit,
     /// `target/ab/isolator-REV`, for an A/B of two agents in one run (modes alternated, as
     /// the disk drifts within minutes).
@@ -179,10 +184,29 @@ impl Mode {
         Ok(Some(bin))
     }
 
+    /// A cap set by hand for the whole run, not by the agent.
+    pub fn is_static(&self) -> bool {
+        matches!(self, Mode::Static(_) | Mode::StaticPair(..))
+    }
+
+    /// The one aggressor's static cap in MB/s (None: no cap by hand), or why a scenario
+    /// with one aggressor cannot run this mode.
+    pub fn single_aggressor_cap(&self) -> Result<Option<u64>, String> {
+        match self {
+            Mode::Static(mbps) => Ok(Some(*mbps)),
+            Mode::StaticPair(..) => Err(format!(
+                "{}: two caps, but this scenario has one aggressor; only paper-mix has two",
+                self.label()
+            )),
+            _ => Ok(None),
+        }
+    }
+
     pub fn label(&self) -> String {
         match self {
             Mode::None => "no control".into(),
             Mode::Static(m) => format!("static {m} MB/s"),
+            Mode::StaticPair(a, b) => format!("static {a}+{b} MB/s"),
             Mode::Policy(p) => p.clone(),
             Mode::Weights(v, a) => format!("weights {v}/{a}"),
         }
@@ -401,7 +425,8 @@ pub fn run_once(
     std::fs::write(&config, noisy::config_us(&db, &backup, scenario.slo_us))
         .map_err(|e| format!("{}: {e}", config.display()))?;
     let a = scenario.aggressor;
-    if let Mode::Static(mbps) = mode {
+    let cap_mbps = mode.single_aggressor_cap()?;
+    if let Some(mbps) = cap_mbps {
         set_cap(&backup, a, dev, mbps * 1_000_000)?;
     }
     let journal = scratch.path("journal");
@@ -432,7 +457,7 @@ pub fn run_once(
     let reader_ok = reader.wait().is_ok_and(|s| s.success());
     agent.wait_cycles(1);
     let (status, stderr) = agent.stop();
-    if let Mode::Static(_) = mode {
+    if cap_mbps.is_some() {
         set_cap(&backup, a, dev, 0)?;
     }
     if !aggressor_ok || !reader_ok {

@@ -183,10 +183,9 @@ fn run_in_guest(
     std::fs::File::create(&out_img)
         .and_then(|f| f.set_len(64 << 20))
         .map_err(|e| format!("{}: {e}", out_img.display()))?;
-    let cap = match mode {
-        Mode::Static(mbps) => mbps * 1_000_000,
-        _ => 0,
-    };
+    let cap = mode
+        .single_aggressor_cap()?
+        .map_or(0, |mbps| mbps * 1_000_000);
     let weights = match mode {
         Mode::Weights(v, a) => format!("{v}/{a}"),
         _ => "0".into(),
