@@ -35,7 +35,8 @@
 //!
 //!   cargo run --release -p isolator-benches --bin scenarios -- [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer]
 //!     [--runs 3] [--slo-ms N (default 5, random-reader 3)] [--modes none,static,adaptive,pine,priority,slae,ute]
-//!     [--writer-caps 300,400,500,600,800] [--scan-caps 40,80,120,160,200] [--mix-caps 60,100,150,200 (BACKUP or INGEST+BACKUP)]
+//!     [--writer-caps 300,400,500,600,800] [--scan-caps 40,80,120,160,200]
+//!     [--mix-caps 150,200+100,250+150,300+150,350+200 (BACKUP or INGEST+BACKUP)]
 //!     [--pg-caps 200,300,400,600] [--pg-target p95|p999|p95,p999 (default p95)] [--vm-caps 500,1000,2000,3000] [--vm-slo-ms N (default 15)]
 //!     [--weights 1000/10,100/100 (mode `weights`: io.weight under iocost, vm-writer only)]
 //!     [--iocost-qos 'ctrl=user rpct=99.9 rlat=10000' (iocost's latency target in that mode)]
@@ -83,6 +84,10 @@ fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
         })
         .collect()
 }
+
+/// Totals of 250-550 MB/s of writers: the mix's knee was at 250 in the mornings of runs CD
+/// and CJ and at 450-550 in the afternoon of runs CM and CN.
+const DEFAULT_MIX_CAPS: &str = "150,200+100,250+150,300+150,350+200";
 
 /// `--mix-caps 150,200+120`: the mix's static modes, `backup`'s cap with `ingest` at its rate
 /// target (`150`), or `ingest`'s and `backup`'s caps (`200+120`).
@@ -152,7 +157,7 @@ fn run() -> Result<()> {
     // the mix's backup 150, PostgreSQL 300-400); BZ's 4 KiB-page writer broke under half.
     let mut writer_caps: Vec<u64> = vec![300, 400, 500, 600, 800];
     let mut scan_caps: Vec<u64> = vec![40, 80, 120, 160, 200];
-    let mut mix_caps = "60,100,150,200".to_string();
+    let mut mix_caps = DEFAULT_MIX_CAPS.to_string();
     let mut pg_caps: Vec<u64> = vec![200, 300, 400, 600];
     let mut pg_targets = vec![LatencyQuantile::P95];
     // The guest's writer is uncapped at 3.8-4.6 GB/s and its knee lies between 2000 and 3000
@@ -1187,6 +1192,7 @@ mod tests {
         );
         let err = mix_statics("80+150", 100).unwrap_err().to_string();
         assert!(err.contains("under its rate target of 100 MB/s"), "{err}");
+        assert_eq!(mix_statics(DEFAULT_MIX_CAPS, 100).unwrap().len(), 5);
         for bad in ["150+", "0", "fast", "100+x"] {
             assert!(mix_statics(bad, 100).is_err(), "{bad}");
         }
