@@ -85,8 +85,8 @@ fn list<T: std::str::FromStr>(v: &str, what: &str) -> Result<Vec<T>> {
         .collect()
 }
 
-/// Totals of 250-550 MB/s of writers: the mix's knee was at 250 in the mornings of runs CD
-/// and CJ and at 450-550 in the afternoon of runs CM and CN.
+/// Totals of 250-550 MB/s of writers: the mix's knee was at 250 in runs CD (morning) and CJ
+/// (midday) and at 450-550 in runs CM and CN (afternoon).
 const DEFAULT_MIX_CAPS: &str = "150,200+100,250+150,300+150,350+200";
 
 /// `--mix-caps 150,200+120`: the mix's static modes, `backup`'s cap with `ingest` at its rate
