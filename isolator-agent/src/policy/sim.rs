@@ -147,6 +147,18 @@ pub struct SimDisk {
     /// exponent. A curve without the measured one's plateau, on which a search's line
     /// steps shrink as they near the target.
     pub smooth_curve: Option<(f64, f64)>,
+    /// The host under a guest's virtual disk: it drains the guest's writes at the first
+    /// MB/s, and what it has not drained piles up (its page cache) until, past the second
+    /// (MB), its writeback stalls the device for a cycle and the pile is gone. The stall
+    /// puts every latency service at 1.5-3 times its target whatever its level (with a
+    /// seed; without one at 2 times). So a cap under the drain rate never stalls, and over
+    /// it the stalls come more often the higher it is, one or more cycles after the raise
+    /// that caused them: no two-cycle probe window sees them. As the v2 guest shows
+    /// (BENCHMARKS run CL): static 2000 MB/s broke 1 cycle of 49, static 3000 broke 12, in
+    /// pairs every 7-8 cycles; raises to 3443 and 3532 MB/s stalled 16 and 17 cycles later.
+    pub host_writeback: Option<(f64, f64)>,
+    /// What the host has not drained yet, MB.
+    writeback_pile_mb: f64,
     /// The previous cycle's bulk rates, for the transition cycle.
     prev_rates: Vec<f64>,
 }
@@ -163,6 +175,8 @@ impl SimDisk {
             noise_bursts: None,
             stall_ns: 0.0,
             smooth_curve: None,
+            host_writeback: None,
+            writeback_pile_mb: 0.0,
             prev_rates: vec![0.0; n],
         }
     }
@@ -224,9 +238,27 @@ impl SimDisk {
         }
     }
 
+    /// Whether the host's writeback stalls this cycle (see [`SimDisk::host_writeback`]), and
+    /// how many times their targets it holds latency services at.
+    fn host_stall(&mut self, rates: &[f64]) -> Option<f64> {
+        let (drain_mbps, pile_mb) = self.host_writeback?;
+        let total_mb: f64 = rates.iter().sum::<f64>() / MB;
+        self.writeback_pile_mb = (self.writeback_pile_mb + total_mb - drain_mbps).max(0.0);
+        if self.writeback_pile_mb <= pile_mb {
+            return None;
+        }
+        self.writeback_pile_mb = 0.0;
+        let v = self.noise_seed.map_or(0.5, |seed| {
+            let z = splitmix((seed ^ 0x5EED_57A1).wrapping_add(self.cycle));
+            (z >> 11) as f64 / (1u64 << 53) as f64
+        });
+        Some(1.5 + 1.5 * v)
+    }
+
     /// Runs one cycle and returns what the policies see.
     pub fn step(&mut self) -> DeviceCycle {
         let rates = self.bulk_rates();
+        let host_stall = self.host_stall(&rates);
         // What a service's counters show: in its arrival cycle, only the share it ran.
         let shown = |i: usize| {
             let s = &self.services[i];
@@ -261,9 +293,12 @@ impl SimDisk {
                         }
                         None => interference_ns(others_bps, self.knee_scale),
                     };
-                    let p999 = (0.43e6 + interference + (s.qd - 1.0) * 0.1e6)
+                    let mut p999 = (0.43e6 + interference + (s.qd - 1.0) * 0.1e6)
                         * self.noise(i, others_bps)
                         + self.stall_ns;
+                    if let (Some(stalled), SloClass::Latency(t)) = (host_stall, s.class) {
+                        p999 = p999.max(stalled * t.target_ns as f64);
+                    }
                     let mean = 0.08e6 + p999 / 20.0;
                     let mut iops = s.qd / (mean / 1e9);
                     if let Some(c) = s.limit.riops {
@@ -577,6 +612,64 @@ mod tests {
             "{label}: {mean:.0} MB/s < {:.0} % of best static {best} MB/s",
             share * 100.0
         );
+    }
+
+    /// The v2 guest (BENCHMARKS run CL) as the simulator can show it: the writer ramps up
+    /// (1000 MB/s for three cycles, then its full rate, which puts the reader just over its
+    /// target), and the host under the guest's disk drains 1200 MB/s and stalls the device
+    /// for a cycle each time 2000 MB more have piled up (see [`SimDisk::host_writeback`]).
+    fn guest(seed: u64) -> SimDisk {
+        let mut d = noisy_pair(5.0);
+        d.smooth_curve = Some((814.0, 0.773));
+        d.noise_seed = Some(seed);
+        d.noise_sigma = Some(0.05);
+        d.host_writeback = Some((1200.0, 2000.0));
+        d
+    }
+
+    /// Under a host's writeback stalls, which come cycles after the raise that caused them,
+    /// the SLO is back within 3 cycles of the writer's full load and the steady phase keeps
+    /// the budgets of one violating cycle and one change in ten. The writer gets 81-83 % of
+    /// the best static cap (1420 MB/s, where a stall comes every tenth cycle), not the
+    /// issue's 90 %: each stall under a cap enters the scatter model as the cap's own tail
+    /// (at 1.6-2.7 times the target it is no stall by `STALL_FACTOR`, the full load having
+    /// done 1.0-1.1) and trims the cap by 9-25 %, the first time under the host's drain
+    /// rate, and the give-back climbs 10 % per ten cycles. Asserted here at 75 %, so a
+    /// change that cuts deeper fails; the 90 % is issue 17's open part in the guest. (A
+    /// robust scatter estimate, the median absolute deviation, was tried: it broke three
+    /// other scenarios here.)
+    #[test]
+    fn under_a_hosts_writeback_stalls_the_budgets_hold() {
+        for seed in [1, 2, 3, 4, 5] {
+            let label = format!("guest {seed}");
+            let mut disk = guest(seed);
+            disk.services[1].demand_bps = 1000.0 * MB;
+            let mut p = Adaptive::default();
+            let mut h = disk.run(&mut p, 8);
+            disk.services[1].demand_bps = 2400.0 * MB;
+            h.extend(disk.run(&mut p, 292));
+            trace(&label, &h);
+            let v = violating_cycles(&h, "reader");
+            assert!(
+                v.iter().all(|&c| !(10..=11).contains(&c)),
+                "{label}: not under the SLO within 3 cycles of the full load: {v:?}"
+            );
+            let (violations, changes, mean) = steady(&h, 1, 25, 300);
+            let best = best_static_cap_mbps(&|| guest(seed), 1, 10, 300);
+            println!("{label}: steady violations {violations}/275, changes {changes}, {mean:.0} MB/s vs best static {best} MB/s");
+            assert!(
+                violations * 10 <= 275,
+                "{label}: {violations} violating cycles in 275: {v:?}"
+            );
+            assert!(
+                changes * 10 <= 275,
+                "{label}: {changes} changes in 275 steady cycles"
+            );
+            assert!(
+                mean >= 0.75 * best,
+                "{label}: {mean:.0} MB/s < 75 % of best static {best} MB/s"
+            );
+        }
     }
 
     /// A reader whose per-cycle p99.9 is bimodal (quiet cycles at a fifth of the curve,
