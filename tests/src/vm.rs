@@ -57,23 +57,26 @@ pub fn add_module(kdir: &Path, rel_glob: &str, dest: &Path) {
 }
 
 pub fn build_initramfs(kdir: &Path, scratch: &Scratch, init: &str) -> PathBuf {
-    build_initramfs_with(kdir, scratch, init, &[])
+    build_initramfs_with(kdir, scratch, init, &[], &isolator_bin())
 }
 
 /// As [`build_initramfs`], with more modules (paths under the kernel's `kernel/`, without
-/// `.ko`) in the guest's /lib by their file name, for its init to load in this order.
+/// `.ko`) in the guest's /lib by their file name, for its init to load in this order, and
+/// `agent` as the guest's /isolator (the one under test, or another commit's for an A/B).
 pub fn build_initramfs_with(
     kdir: &Path,
     scratch: &Scratch,
     init: &str,
     modules: &[&str],
+    agent: &Path,
 ) -> PathBuf {
     let root = scratch.path("root");
     for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "sys/fs/cgroup"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static");
-    std::fs::copy(isolator_bin(), root.join("isolator")).unwrap();
+    std::fs::copy(agent, root.join("isolator"))
+        .unwrap_or_else(|e| panic!("{}: {e}", agent.display()));
     std::fs::copy(loadgen_bin(), root.join("loadgen")).unwrap();
     add_module(kdir, "fs/configfs/configfs", &root.join("lib/configfs.ko"));
     add_module(

@@ -173,11 +173,14 @@ fn run_in_guest(
 ) -> Result<Outcome, String> {
     let kdir = vm::kernel_dir(KERNEL);
     let run_dir = Scratch::new();
+    // `policy@REV` runs another commit's agent in the guest, as on the host.
+    let agent = mode.agent_binary()?.unwrap_or_else(crate::isolator_bin);
     let initrd = vm::build_initramfs_with(
         &kdir,
         &run_dir,
         &vm::guest_init(INIT),
         &["drivers/block/virtio_blk"],
+        &agent,
     );
     let out_img = run_dir.path("out.img");
     std::fs::File::create(&out_img)

@@ -616,8 +616,9 @@ mod tests {
 
     /// The v2 guest (BENCHMARKS run CL) as the simulator can show it: the writer ramps up
     /// (1000 MB/s for three cycles, then its full rate, which puts the reader just over its
-    /// target), and the host under the guest's disk drains 1200 MB/s and stalls the device
-    /// for a cycle each time 2000 MB more have piled up (see [`SimDisk::host_writeback`]).
+    /// target: 1.00-1.11 in seeds 1-5), and the host under the guest's disk drains 1200 MB/s
+    /// and stalls the device for a cycle each time 2000 MB more have piled up (see
+    /// [`SimDisk::host_writeback`]).
     fn guest(seed: u64) -> SimDisk {
         let mut d = noisy_pair(5.0);
         d.smooth_curve = Some((814.0, 0.773));
@@ -627,31 +628,115 @@ mod tests {
         d
     }
 
-    /// Under a host's writeback stalls, which come cycles after the raise that caused them,
-    /// the SLO is back within 3 cycles of the writer's full load and the steady phase keeps
-    /// the budgets of one violating cycle and one change in ten. The writer gets 81-83 % of
-    /// the best static cap (1420 MB/s, where a stall comes every tenth cycle), not the
-    /// issue's 90 %: each stall under a cap enters the scatter model as the cap's own tail
-    /// (at 1.6-2.7 times the target it is no stall by `STALL_FACTOR`, the full load having
-    /// done 1.0-1.1) and trims the cap by 9-25 %, the first time under the host's drain
-    /// rate, and the give-back climbs 10 % per ten cycles. Asserted here at 75 %, so a
-    /// change that cuts deeper fails; the 90 % is issue 17's open part in the guest. (A
-    /// robust scatter estimate, the median absolute deviation, was tried: it broke three
-    /// other scenarios here.)
+    /// `guest(seed)` run for 300 cycles under `adaptive`, the writer at 1000 MB/s until
+    /// cycle 8.
+    fn run_guest(seed: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
+        let mut disk = guest(seed);
+        disk.services[1].demand_bps = 1000.0 * MB;
+        let mut p = Adaptive::default();
+        let mut h = disk.run(&mut p, 8);
+        disk.services[1].demand_bps = 2400.0 * MB;
+        h.extend(disk.run(&mut p, 292));
+        h
+    }
+
+    /// The highest cap on the writer in cycles `from..to`, MB/s.
+    fn highest_cap_mbps(h: &[(DeviceCycle, Vec<Decision>)], from: u64, to: u64) -> f64 {
+        h.iter()
+            .filter(|(c, _)| (from..to).contains(&c.cycle))
+            .filter_map(|(c, _)| c.services[1].limit.total_bps())
+            .max()
+            .map_or(0.0, |b| b as f64 / MB)
+    }
+
+    /// A full load just over its target (1.00-1.11) is probed to two thirds of its rate and
+    /// no closer while that knee is trusted: 1267 of 1900 MB/s here, where half-way probes
+    /// went on to 1597 (and in the guest to 3443 of 3754 MB/s, where a quarter of the
+    /// cycles broke). A full load far over its target is probed past two thirds as before:
+    /// its knee is where the probes find it.
     #[test]
-    fn under_a_hosts_writeback_stalls_the_budgets_hold() {
+    fn a_full_load_at_the_edge_of_its_target_is_probed_to_two_thirds_of_its_rate() {
         for seed in [1, 2, 3, 4, 5] {
-            let label = format!("guest {seed}");
-            let mut disk = guest(seed);
+            let h = run_guest(seed);
+            trace(&format!("guest {seed}"), &h);
+            let first = &h[8].0.services[0];
+            let f = first.judged_latency().unwrap() as f64 / first.slo_ns().unwrap() as f64;
+            assert!((1.0..=1.2).contains(&f), "seed {seed}: full load at {f:.2}");
+            let top = highest_cap_mbps(&h, 9, 38);
+            assert!(
+                (1260.0..=1267.0).contains(&top),
+                "seed {seed}: the search went to {top:.0} MB/s of 1900"
+            );
+        }
+        // Full load at 2 times the target, the curve steep over 1500 MB/s.
+        for seed in [1, 2, 3] {
+            let mut disk = noisy_pair(5.0);
+            disk.smooth_curve = Some((1491.0, 5.55));
+            disk.noise_seed = Some(seed);
+            disk.noise_sigma = Some(0.05);
             disk.services[1].demand_bps = 1000.0 * MB;
             let mut p = Adaptive::default();
             let mut h = disk.run(&mut p, 8);
             disk.services[1].demand_bps = 2400.0 * MB;
-            h.extend(disk.run(&mut p, 292));
+            h.extend(disk.run(&mut p, 30));
+            trace(&format!("steep {seed}"), &h);
+            let top = highest_cap_mbps(&h, 9, 38);
+            assert!(
+                top > 1300.0,
+                "steep {seed}: the search stopped at {top:.0} MB/s"
+            );
+        }
+    }
+
+    /// A full load that kept its target for nine cycles and then met a stall of the host
+    /// (a cycle at 1.5-3 times the target, after 7000 MB piled up) ran at the edge of
+    /// the target, not past a knee: it is probed to two thirds of its rate and no closer,
+    /// as in run CO's guest (13-22 clean cycles at the writer's full rate, then 187-365 ms;
+    /// the probes climbed to 3449-3678 MB/s of 3868-4124, where a quarter of the cycles
+    /// broke).
+    #[test]
+    fn a_full_load_that_held_nine_cycles_before_a_stall_is_probed_to_two_thirds_of_its_rate() {
+        for seed in [1, 2, 3] {
+            let mut disk = noisy_pair(5.0);
+            disk.smooth_curve = Some((836.0, 0.517));
+            disk.noise_seed = Some(seed);
+            disk.noise_sigma = Some(0.05);
+            disk.host_writeback = Some((1200.0, 7000.0));
+            disk.services[1].demand_bps = 1000.0 * MB;
+            let mut p = Adaptive::default();
+            let mut h = disk.run(&mut p, 8);
+            disk.services[1].demand_bps = 2400.0 * MB;
+            h.extend(disk.run(&mut p, 50));
+            trace(&format!("stalled guest {seed}"), &h);
+            let v = violating_cycles(&h, "reader");
+            assert_eq!(v.first(), Some(&18), "seed {seed}: the first stall: {v:?}");
+            let first = &h[18].0.services[0];
+            let f = first.judged_latency().unwrap() as f64 / first.slo_ns().unwrap() as f64;
+            assert!(f > 1.2, "seed {seed}: the stall at {f:.2}, marginal");
+            let top = highest_cap_mbps(&h, 19, 48);
+            assert!(
+                (1000.0..=1267.0).contains(&top),
+                "seed {seed}: the search went to {top:.0} MB/s of 1900"
+            );
+        }
+    }
+
+    /// Under a host's writeback stalls, which come cycles after the raise that caused them,
+    /// the SLO is back within 3 cycles of the writer's full load and the steady phase keeps
+    /// the budgets of one violating cycle and one change in ten, with the writer at 85 % of
+    /// the best static cap or more (1420 MB/s, where a stall comes every tenth cycle; it
+    /// gets 1269, 89 %: 9 violating cycles in 275, 8 changes). Before a lone stall was left
+    /// out of the scatter model, each stall under a cap trimmed it by 8-25 %, under the
+    /// host's drain rate, and the writer got 81-85 %.
+    #[test]
+    fn under_a_hosts_writeback_stalls_the_budgets_hold() {
+        for seed in [1, 2, 3, 4, 5] {
+            let label = format!("guest {seed}");
+            let h = run_guest(seed);
             trace(&label, &h);
             let v = violating_cycles(&h, "reader");
             assert!(
-                v.iter().all(|&c| !(10..=11).contains(&c)),
+                !v.contains(&11),
                 "{label}: not under the SLO within 3 cycles of the full load: {v:?}"
             );
             let (violations, changes, mean) = steady(&h, 1, 25, 300);
@@ -666,8 +751,8 @@ mod tests {
                 "{label}: {changes} changes in 275 steady cycles"
             );
             assert!(
-                mean >= 0.75 * best,
-                "{label}: {mean:.0} MB/s < 75 % of best static {best} MB/s"
+                mean >= 0.85 * best,
+                "{label}: {mean:.0} MB/s < 85 % of best static {best} MB/s"
             );
         }
     }
