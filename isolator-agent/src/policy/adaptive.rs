@@ -336,8 +336,8 @@ struct Knee {
     /// Set by a cut from no cap: the service's full load broke the SLO at this rate. Not a
     /// slow spell of the disk under a cap that had held (see [`SHORT_STEP`]).
     full_load: bool,
-    /// A full load's knee whose violation was marginal: the search stops
-    /// [`EDGE_KNEE_PRECISION`] under it.
+    /// A full load's knee at the edge of the target (its violation marginal, or after a
+    /// window within every target): the search stops [`EDGE_KNEE_PRECISION`] under it.
     at_edge: bool,
 }
 
@@ -1267,7 +1267,7 @@ fn leave_out_lone_outlier(logs: &mut Vec<f64>) -> Option<f64> {
         .filter(|&(j, _)| j != i)
         .map(|(_, &y)| y)
         .collect();
-    let mean = body.iter().sum::<f64>() / body.len() as f64;
+    let (mean, _) = mean_log(body.iter().copied())?;
     let sd = std_dev(&body).max(NOISE_SIGMA_RANGE.0);
     (x - mean >= STALL_SIGMAS * sd).then(|| {
         logs.remove(i);
@@ -2171,7 +2171,6 @@ impl Adaptive {
             },
         );
         let arriving = self.arriving(d, a);
-        let held_before = self.loads.get(&d.dev).is_some_and(|r| r.held_before(d, a));
         let h = self.devices.entry(d.dev).or_default();
         h.episode_until = d.cycle + 1;
         if a.limit.is_unlimited() {
@@ -2192,13 +2191,12 @@ impl Adaptive {
             if a.limit.total_bps().is_none() {
                 if let Some(k) = st.knee.as_mut() {
                     k.full_load = true;
-                    let marginal = victim.judged_latency().is_some_and(|l| {
+                    k.at_edge = victim.slo_ns().is_some_and(|t| {
                         victim
-                            .slo_ns()
-                            .is_some_and(|t| l as f64 <= t as f64 * MARGINAL)
+                            .judged_latency()
+                            .is_some_and(|l| l as f64 <= t as f64 * MARGINAL)
+                            || self.loads.get(&d.dev).is_some_and(|r| r.held_before(d, a))
                     });
-                    k.at_edge =
-                        matches!(victim.class, SloClass::Latency(_)) && (marginal || held_before);
                 }
             }
         }
@@ -2473,10 +2471,7 @@ impl Adaptive {
         if settled && !far_from_knee && !h.change_budget_allows(d.cycle) {
             return out;
         }
-        let at_edge = bad.is_some() && st.knee.is_some_and(|k| k.at_edge);
-        let precision = if at_edge {
-            EDGE_KNEE_PRECISION
-        } else if settled {
+        let precision = if settled {
             SETTLED_KNEE_PRECISION
         } else {
             KNEE_PRECISION
@@ -2493,8 +2488,10 @@ impl Adaptive {
             Some(bad) if bad as f64 <= cap as f64 * precision => return out,
             Some(bad) => {
                 let half_way = ((cap as f64 * bad as f64).sqrt() as u64).min(cap * 2);
+                // At an edge knee, no higher than its edge: a cap there stops the search
+                // (the raise would be none, see `next <= cap` below).
                 let edge = (bad as f64 / EDGE_KNEE_PRECISION) as u64;
-                edge_bound = at_edge && edge < half_way;
+                edge_bound = st.knee.is_some_and(|k| k.at_edge) && edge < half_way;
                 let half_way = if edge_bound { edge } else { half_way };
                 match st.probe_toward(cap, h.level_since(from)) {
                     Some(to) if to < cap as f64 * MIN_PROBE_GAIN => return out,

@@ -216,9 +216,8 @@ impl SimDisk {
             .wrapping_add(self.cycle.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
         let z = splitmix(z);
-        let u = (z >> 11) as f64 / (1u64 << 53) as f64;
-        let v =
-            (splitmix(z.wrapping_add(0x9E37_79B9_7F4A_7C15)) >> 11) as f64 / (1u64 << 53) as f64;
+        let u = unit_interval(z);
+        let v = unit_interval(splitmix(z.wrapping_add(0x9E37_79B9_7F4A_7C15)));
         if let Some(sigma) = self.noise_sigma {
             // Box-Muller.
             let normal = (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos();
@@ -249,8 +248,7 @@ impl SimDisk {
         }
         self.writeback_pile_mb = 0.0;
         let v = self.noise_seed.map_or(0.5, |seed| {
-            let z = splitmix((seed ^ 0x5EED_57A1).wrapping_add(self.cycle));
-            (z >> 11) as f64 / (1u64 << 53) as f64
+            unit_interval(splitmix((seed ^ 0x5EED_57A1).wrapping_add(self.cycle)))
         });
         Some(1.5 + 1.5 * v)
     }
@@ -461,6 +459,11 @@ impl SimDisk {
     }
 }
 
+/// A uniform in [0, 1) from the top 53 bits of `z`.
+fn unit_interval(z: u64) -> f64 {
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// SplitMix64's output function.
 fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -555,6 +558,11 @@ mod tests {
         (violations, changes, mean)
     }
 
+    /// A latency service's judged latency as a fraction of its target (0 when not judged).
+    fn target_fraction(r: &ServiceLoad) -> f64 {
+        r.judged_latency().unwrap_or(0) as f64 / r.slo_ns().unwrap_or(1) as f64
+    }
+
     /// With `SIM_TRACE` set, prints each cycle of a run: service 0's p99.9 as a fraction of
     /// its target, service 1's rate and cap, and the decisions' reasons.
     fn trace(label: &str, h: &[(DeviceCycle, Vec<Decision>)]) {
@@ -562,11 +570,10 @@ mod tests {
             return;
         }
         for (c, d) in h {
-            let r = &c.services[0];
             println!(
                 "{label} c{} f {:.2} agg {:.0} MB/s cap {:?} {:?}",
                 c.cycle,
-                r.judged_latency().unwrap_or(0) as f64 / r.slo_ns().unwrap_or(1) as f64,
+                target_fraction(&c.services[0]),
                 c.services[1].bps() / MB,
                 c.services[1].limit.total_bps().map(|b| b / 1_000_000),
                 d.iter().map(|d| &d.reason).collect::<Vec<_>>()
@@ -641,15 +648,20 @@ mod tests {
         d
     }
 
-    /// `guest(seed)` run for 300 cycles under `adaptive`, the writer at 1000 MB/s until
-    /// cycle 8.
+    /// `guest(seed)` run for 300 cycles (see [`run_ramped`]).
     fn run_guest(seed: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
-        let mut disk = guest(seed);
+        run_ramped(guest(seed), 300)
+    }
+
+    /// `disk` run for `cycles` under `adaptive`, its writer (service 1) at 1000 MB/s until
+    /// cycle 8 and at its full rate from there: a full load that breaks the reader's
+    /// target in a full cycle, not on arrival.
+    fn run_ramped(mut disk: SimDisk, cycles: u64) -> Vec<(DeviceCycle, Vec<Decision>)> {
         disk.services[1].demand_bps = 1000.0 * MB;
         let mut p = Adaptive::default();
         let mut h = disk.run(&mut p, 8);
         disk.services[1].demand_bps = 2400.0 * MB;
-        h.extend(disk.run(&mut p, 292));
+        h.extend(disk.run(&mut p, cycles - 8));
         h
     }
 
@@ -672,8 +684,7 @@ mod tests {
         for seed in [1, 2, 3, 4, 5] {
             let h = run_guest(seed);
             trace(&format!("guest {seed}"), &h);
-            let first = &h[8].0.services[0];
-            let f = first.judged_latency().unwrap() as f64 / first.slo_ns().unwrap() as f64;
+            let f = target_fraction(&h[8].0.services[0]);
             assert!((1.0..=1.2).contains(&f), "seed {seed}: full load at {f:.2}");
             let top = highest_cap_mbps(&h, 9, 38);
             assert!(
@@ -687,11 +698,7 @@ mod tests {
             disk.smooth_curve = Some((1491.0, 5.55));
             disk.noise_seed = Some(seed);
             disk.noise_sigma = Some(0.05);
-            disk.services[1].demand_bps = 1000.0 * MB;
-            let mut p = Adaptive::default();
-            let mut h = disk.run(&mut p, 8);
-            disk.services[1].demand_bps = 2400.0 * MB;
-            h.extend(disk.run(&mut p, 30));
+            let h = run_ramped(disk, 38);
             trace(&format!("steep {seed}"), &h);
             let top = highest_cap_mbps(&h, 9, 38);
             assert!(
@@ -715,16 +722,11 @@ mod tests {
             disk.noise_seed = Some(seed);
             disk.noise_sigma = Some(0.05);
             disk.host_writeback = Some((1200.0, 7000.0));
-            disk.services[1].demand_bps = 1000.0 * MB;
-            let mut p = Adaptive::default();
-            let mut h = disk.run(&mut p, 8);
-            disk.services[1].demand_bps = 2400.0 * MB;
-            h.extend(disk.run(&mut p, 50));
+            let h = run_ramped(disk, 58);
             trace(&format!("stalled guest {seed}"), &h);
             let v = violating_cycles(&h, "reader");
             assert_eq!(v.first(), Some(&18), "seed {seed}: the first stall: {v:?}");
-            let first = &h[18].0.services[0];
-            let f = first.judged_latency().unwrap() as f64 / first.slo_ns().unwrap() as f64;
+            let f = target_fraction(&h[18].0.services[0]);
             assert!(f > 1.2, "seed {seed}: the stall at {f:.2}, marginal");
             let top = highest_cap_mbps(&h, 19, 48);
             assert!(
