@@ -2501,10 +2501,13 @@ impl Adaptive {
         let mut on_line = false;
         let mut edge_bound = false;
         let mut doubling = None;
-        // Under a knee a broken budget set, no probe for two windows (see `Knee::window`).
-        let window_knee = st
-            .knee
-            .is_some_and(|k| k.window && d.cycle < k.at_cycle + 2 * NOISE_WINDOW);
+        // Under a knee a broken budget set, no probe for two windows (see `Knee::window`),
+        // unless the cut runs far under every target: the slow spell that broke the budget
+        // is over, and that is where the bandwidth is.
+        let window_knee = !far_under_targets
+            && st
+                .knee
+                .is_some_and(|k| k.window && d.cycle < k.at_cycle + 2 * NOISE_WINDOW);
         let mut next = match bad {
             Some(bad) if bad as f64 <= cap as f64 * precision || window_knee => return out,
             Some(bad) => {
@@ -3449,7 +3452,7 @@ mod tests {
         let cut_at = disk.cycle;
         assert!(cut < cap);
         // The disk as before the slowdown: the cut runs the reader within its target, not
-        // far under it (a knee under which the cap runs far below is doubted at once).
+        // far under it (there the slow spell is over: see the next test).
         disk.knee_scale = calm;
         let held = disk.run(&mut p, 2 * NOISE_WINDOW - 1);
         let raised_at = |h: &[(DeviceCycle, Vec<Decision>)]| {
@@ -3459,7 +3462,11 @@ mod tests {
         };
         assert!(
             held.iter().all(|(c, _)| !c.services[0].violating()),
-            "the cut did not hold: {held:?}"
+            "the cut to {cut} did not hold: violations in cycles {:?}",
+            held.iter()
+                .filter(|(c, _)| c.services[0].violating())
+                .map(|(c, _)| c.cycle)
+                .collect::<Vec<_>>()
         );
         assert!(
             raised_at(&held).is_none(),
@@ -3469,7 +3476,25 @@ mod tests {
         let after = disk.run(&mut p, NOISE_WINDOW);
         assert!(
             raised_at(&after).is_some(),
-            "no probe back toward {cap} from {cut} in the window after two: {after:?}"
+            "no probe back toward {cap} from {cut} in the window after two (cycles {}-{})",
+            after[0].0.cycle,
+            disk.cycle
+        );
+    }
+
+    /// A cap cut for a broken budget that then runs the reader far under its target (the
+    /// slow spell that broke the budget is over) is probed back within a window, as before
+    /// the two-window wait: that is where the bandwidth is.
+    #[test]
+    fn a_cap_cut_for_a_broken_budget_that_runs_far_under_is_probed_back_within_a_window() {
+        let (mut disk, mut p, cut) = budget_cut_then_far_under(PROBE_CYCLES);
+        let h = disk.run(&mut p, NOISE_WINDOW);
+        assert!(
+            h.iter()
+                .any(|(_, ds)| ds.iter().any(|d| d.to.is_some_and(|to| to > cut))),
+            "no probe back from {cut}, far under the target, within a window (cycles {}-{})",
+            h[0].0.cycle,
+            disk.cycle
         );
     }
 
