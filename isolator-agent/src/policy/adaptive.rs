@@ -348,9 +348,11 @@ struct Knee {
     /// host's writeback stalling the disk more often the higher the rate: both probes back
     /// after such a cut (2037 -> 2435 and 1898 -> 2269 MB/s, ten cycles after it) broke 5
     /// and 4 cycles later, two changes and two violating cycles each, in a 49-cycle steady
-    /// phase whose budget is four changes. Not the further cuts of a cap a broken budget
-    /// set, nor a trim's knee (measured): the search climbs back half-way under those as
-    /// before.
+    /// phase whose budget is four changes. Not where the cut runs far under every target
+    /// (the slow spell that broke the budget is over), nor under the knee of a re-cut
+    /// ("again under the cap its broken budget set") or a trim (measured): the search
+    /// climbs back half-way there as before. The wait counts from `at_cycle`, which a lift
+    /// moves on by the cycles lifted, as for every knee.
     window: bool,
 }
 
