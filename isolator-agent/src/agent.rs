@@ -321,11 +321,20 @@ impl Agent {
         // prints.
         let mut early_events = vec![];
         if let Err(e) = privileges::raise_memlock() {
-            // Kernels >= 5.11 charge BPF memory to the memory cgroup: not fatal.
-            early_events.push(Event::Warning(Notice {
-                code: "memlock".into(),
-                message: format!("cannot raise RLIMIT_MEMLOCK ({e}); fine on kernels >= 5.11"),
-            }));
+            // Kernels >= 5.11 charge BPF memory to the memory cgroup: nothing to warn about
+            // there (`check` calls it ok); before them the maps may fail to load.
+            let release = privileges::kernel_release();
+            if privileges::kernel_version(&release) >= Some((5, 11)) {
+                tracing::debug!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on {release}");
+            } else {
+                early_events.push(Event::Warning(Notice {
+                    code: "memlock".into(),
+                    message: format!(
+                        "cannot raise RLIMIT_MEMLOCK ({e}); kernels before 5.11 need it for the \
+                         maps: run with CAP_SYS_RESOURCE or LimitMEMLOCK=infinity"
+                    ),
+                }));
+            }
         }
         // Bound before anything is loaded: an address in use is bad input.
         let metrics = opts
