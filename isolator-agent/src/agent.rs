@@ -320,13 +320,11 @@ impl Agent {
         // Said after agent_start, so that bad input below is the only thing a failed start
         // prints.
         let mut early_events = vec![];
+        let release = privileges::kernel_release();
         if let Err(e) = privileges::raise_memlock() {
-            // Kernels >= 5.11 charge BPF memory to the memory cgroup: nothing to warn about
-            // there (`check` calls it ok); before them the maps may fail to load.
-            let release = privileges::kernel_release();
-            if privileges::kernel_version(&release) >= Some((5, 11)) {
-                tracing::debug!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on {release}");
-            } else {
+            // Before 5.11 the maps may fail to load without it; after, the kernel charges
+            // BPF memory to the memory cgroup (`check` calls it ok), nothing to warn about.
+            if privileges::memlock_needed(privileges::kernel_version(&release)) {
                 early_events.push(Event::Warning(Notice {
                     code: "memlock".into(),
                     message: format!(
@@ -334,6 +332,8 @@ impl Agent {
                          maps: run with CAP_SYS_RESOURCE or LimitMEMLOCK=infinity"
                     ),
                 }));
+            } else {
+                tracing::debug!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on {release}");
             }
         }
         // Bound before anything is loaded: an address in use is bad input.
@@ -458,7 +458,7 @@ impl Agent {
                 .map(|h| h.trim().to_string())
                 .unwrap_or_default(),
             pid: std::process::id(),
-            kernel: privileges::kernel_release(),
+            kernel: release,
             cgroup_mode: hierarchy.mode,
             cgroup_root: hierarchy.root.display().to_string(),
             attach: "btf_tracepoint".into(),

@@ -60,10 +60,10 @@ pub fn run_checks(btf_path: &Path) -> Vec<Item> {
         Result::Ok(()) => item("memlock", Ok, "RLIMIT_MEMLOCK raised", None),
         Err(e) => item(
             "memlock",
-            if privileges::kernel_version(&release) >= Some((5, 11)) {
-                Ok
-            } else {
+            if privileges::memlock_needed(privileges::kernel_version(&release)) {
                 Fail
+            } else {
+                Ok
             },
             format!("cannot raise RLIMIT_MEMLOCK ({e}); not needed on >= 5.11 (memcg accounting)"),
             Some("on kernels < 5.11 run with CAP_SYS_RESOURCE"),

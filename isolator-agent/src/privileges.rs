@@ -49,7 +49,7 @@ pub fn missing_capabilities(caps: u64, version: Option<(u32, u32)>) -> Vec<&'sta
         .iter()
         .filter(|c| !has(c.bit))
         .filter(|c| !(has(CAP_SYS_ADMIN) && (c.bit == CAP_BPF || c.bit == CAP_PERFMON)))
-        .filter(|c| !(c.bit == CAP_SYS_RESOURCE && version >= Some((5, 11))))
+        .filter(|c| c.bit != CAP_SYS_RESOURCE || memlock_needed(version))
         .collect()
 }
 
@@ -73,6 +73,13 @@ pub fn can_load_bpf(caps: u64) -> bool {
 
 pub const NEED_PRIVILEGES: &str =
     "isolator needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs; run it with sudo, or see 'isolator check' for the capabilities it uses";
+
+/// Whether BPF maps count against RLIMIT_MEMLOCK on a kernel of `version`: before 5.11,
+/// which charges them to the memory cgroup instead (and on a kernel whose version is not
+/// known).
+pub fn memlock_needed(version: Option<(u32, u32)>) -> bool {
+    version.is_none_or(|v| v < (5, 11))
+}
 
 /// Tries to lift RLIMIT_MEMLOCK (needed for BPF maps before kernel 5.11, which charges
 /// them to the memory cgroup instead). Returns the error text if it could not.

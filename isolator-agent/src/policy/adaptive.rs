@@ -1986,6 +1986,9 @@ impl Adaptive {
             // whose foot (static 400: 0.1-0.8 of the target) no cut had tried. Where the
             // scatter is the disk's own at every cap, no static cap keeps the budget either.
             let tolerated = usize::from(after_cut.is_none() && !stale_fall_back);
+            // The window's own count broke the budget: not a re-cut, a stale fall-back, nor
+            // one violation far over the target (see `Knee::window`).
+            let window_verdict = tolerated == 1 && under_cap > tolerated;
             if under_cap <= tolerated && l <= 3 * slo {
                 return self.trim(d, a, cause).unwrap_or_default();
             }
@@ -2013,7 +2016,7 @@ impl Adaptive {
             let st = self.searches.entry((d.dev, a.id)).or_default();
             st.remember_bad(cap, d.cycle, None);
             if let Some(k) = st.knee.as_mut() {
-                k.window = under_cap > tolerated && after_cut.is_none() && !stale_fall_back;
+                k.window = window_verdict;
             }
             st.held = Some(to);
             st.budget_cut = Some(BudgetCut {
@@ -2021,23 +2024,23 @@ impl Adaptive {
                 cycle: d.cycle,
                 factor,
             });
-            let broke = if after_cut.is_some() {
-                "again under the cap its broken budget set".to_string()
-            } else if stale_fall_back {
-                "in the first full cycle back under the cap that held before the raise: the disk has slowed since".to_string()
-            } else if under_cap <= tolerated {
-                // Within the budget's count, but far over the target: no scatter.
-                format!(
-                    "at {:.1} times its target under this cap",
-                    l as f64 / slo as f64
-                )
-            } else {
+            let broke = if window_verdict {
                 // Says how many: stalls past their excuse count too.
                 let times = match under_cap {
                     2 => "twice".to_string(),
                     n => format!("{n} times"),
                 };
                 format!("{times} in {NOISE_WINDOW} cycles under this cap")
+            } else if after_cut.is_some() {
+                "again under the cap its broken budget set".to_string()
+            } else if stale_fall_back {
+                "in the first full cycle back under the cap that held before the raise: the disk has slowed since".to_string()
+            } else {
+                // Within the budget's count, but far over the target: no scatter.
+                format!(
+                    "at {:.1} times its target under this cap",
+                    l as f64 / slo as f64
+                )
             };
             let why = format!(
                 "{} violated its SLO {broke}: cut to {:.0} %",
