@@ -3445,6 +3445,13 @@ mod tests {
         );
     }
 
+    /// The first cycle of `h` with a cap set over `cap`.
+    fn raised_over(h: &[(DeviceCycle, Vec<Decision>)], cap: u64) -> Option<u64> {
+        h.iter()
+            .find(|(_, ds)| ds.iter().any(|d| d.to.is_some_and(|to| to > cap)))
+            .map(|(c, _)| c.cycle)
+    }
+
     /// A cap cut for breaking the one-in-ten budget stays at the cut for two windows, though
     /// every cycle under it holds: the rate that broke did so over a window, and a probe
     /// half-way back lands where about as many cycles break (the v2 guest, BENCHMARKS run CQ:
@@ -3460,11 +3467,7 @@ mod tests {
         // far under it (there the slow spell is over: see the next test).
         disk.knee_scale = calm;
         let held = disk.run(&mut p, 2 * NOISE_WINDOW - 1);
-        let raised_at = |h: &[(DeviceCycle, Vec<Decision>)]| {
-            h.iter()
-                .find(|(_, ds)| ds.iter().any(|d| d.to.is_some_and(|to| to > cut)))
-                .map(|(c, _)| c.cycle)
-        };
+        let raised_at = |h: &[(DeviceCycle, Vec<Decision>)]| raised_over(h, cut);
         assert!(
             held.iter().all(|(c, _)| !c.services[0].violating()),
             "the cut to {cut} did not hold: violations in cycles {:?}",
@@ -3495,8 +3498,7 @@ mod tests {
         let (mut disk, mut p, cut) = budget_cut_then_far_under(PROBE_CYCLES);
         let h = disk.run(&mut p, NOISE_WINDOW);
         assert!(
-            h.iter()
-                .any(|(_, ds)| ds.iter().any(|d| d.to.is_some_and(|to| to > cut))),
+            raised_over(&h, cut).is_some(),
             "no probe back from {cut}, far under the target, within a window (cycles {}-{})",
             h[0].0.cycle,
             disk.cycle
