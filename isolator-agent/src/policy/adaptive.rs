@@ -2424,9 +2424,13 @@ impl Adaptive {
         // in paper 001's mix (BENCHMARKS run CT, repeats 4 and 5): backup, its own knee
         // never found, doubled along its line the cycle their total knee expired, to 334
         // and 412 MB/s next to ingest at about 210 (totals 1.09x and 1.13x the knee), and
-        // broke db's SLO or came within 12 % of it: two changes each.
-        let total_expired =
-            capped_total(d).1 >= 2 && h.total_knee.is_some_and(|k| k.trusted(d.cycle).is_none());
+        // broke db's SLO or came within 12 % of it: two changes each. Only a knee found since
+        // the last arrival (`first_cap_at`): a service that arrived after it was cut from its
+        // own rate, at other rates of the others, and its search doubles as any arrival's.
+        let total_expired = capped_total(d).1 >= 2
+            && h.total_knee.is_some_and(|k| {
+                k.trusted(d.cycle).is_none() && h.first_cap_at.is_some_and(|f| k.at_cycle > f)
+            });
         let knee_unknown = st.doubling(d.cycle) && !total_expired;
         // With the budget spent, only a probe far under a trusted knee (likely to hold) is
         // worth it: seen on the test disk, a probe from 110 to 221 MB/s failed once and the
@@ -4671,6 +4675,42 @@ mod tests {
         assert!(
             bounded >= 1,
             "no probe came after one broke next to another aggressor: the test saw nothing"
+        );
+    }
+
+    /// A service that arrives after the total knee on its disk expired was cut from its own
+    /// rate, which that knee says nothing of: its search doubles as any arrival's.
+    #[test]
+    fn an_aggressor_arriving_after_the_total_knee_expired_still_doubles() {
+        let mut disk = SimDisk::new(vec![
+            SimService::latency("db", 5.0, 1.0),
+            SimService::writer("early", SloClass::BestEffort, 1200.0, 5),
+            SimService::writer("late", SloClass::BestEffort, 1200.0, 70),
+        ]);
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 65);
+        // A total knee found after the first arrival (next to a writer gone since, say) and
+        // expired: set again after each cycle, as if no probe found another since.
+        let mut old = Knee::found(None, 2_000_000_000, 40, None);
+        old.memory_cycles = 0;
+        let mut late = vec![];
+        for _ in 0..30 {
+            p.devices.get_mut(&1).expect("device").total_knee = Some(old);
+            let (c, ds) = disk.run(&mut p, 1).remove(0);
+            let own = c.services[2].limit.total_bps().unwrap_or(0);
+            late.extend(
+                ds.into_iter()
+                    .filter(|d| d.service == 2 && own > 0 && d.to.is_some_and(|to| to > own))
+                    .map(|d| d.reason),
+            );
+        }
+        assert!(
+            p.devices[&1].first_cap_at.is_some_and(|f| f >= 70),
+            "the late writer was not cut on arrival: the test saw nothing"
+        );
+        assert!(
+            !late.is_empty() && late.iter().all(|r| r.contains("double it")),
+            "the late writer's raises: {late:?}"
         );
     }
 
