@@ -466,7 +466,7 @@ fn run() -> Result<()> {
         report_mix(m, &mix_results, &mix_best);
     }
     if let Some(pg) = &pg {
-        report_pg(pg, &pg_results, &pg_best);
+        report_pg(pg, &pg_caps, &pg_results, &pg_best);
     }
     if skipped.is_empty() {
         return Ok(());
@@ -690,7 +690,12 @@ impl PgOutcome {
     }
 }
 
-fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[Option<PgOutcome>]) {
+fn report_pg(
+    pg: &PgBench,
+    caps: &[u64],
+    results: &BTreeMap<String, Vec<PgOutcome>>,
+    best: &[Option<PgOutcome>],
+) {
     let cal = &pg.calibration;
     let best_labels = best_static_labels(best, |b| &b.agent.mode);
     println!();
@@ -757,6 +762,10 @@ fn report_pg(pg: &PgBench, results: &BTreeMap<String, Vec<PgOutcome>>, best: &[O
             mbps: o.agent.aggressor_steady_mbps,
         })
     );
+    if let Some(note) = sweep_top_note(&best_labels, caps, "--pg-caps") {
+        println!();
+        println!("{note}");
+    }
     for (label, outs) in results.iter().filter(|(l, _)| is_policy(l)) {
         let each: Vec<String> = outs
             .iter()
@@ -996,6 +1005,27 @@ fn best_static_labels<T>(best: &[Option<T>], mode: impl Fn(&T) -> &Mode) -> Vec<
         .collect()
 }
 
+/// Where a repeat's best static was the highest cap of the sweep, says so: there the best
+/// static is a lower bound (a higher cap might have held too), and a policy's share of it
+/// an upper one. Seen: run CW's PostgreSQL held every cap up to its top, 500 MB/s (a share
+/// of 95 %); run CX swept on and 800 held.
+fn sweep_top_note(best_labels: &[String], caps: &[u64], flag: &str) -> Option<String> {
+    let top = Mode::Static(*caps.iter().max()?).label();
+    let repeats: Vec<String> = best_labels
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l == top)
+        .map(|(i, _)| (i + 1).to_string())
+        .collect();
+    (!repeats.is_empty()).then(|| {
+        format!(
+            "The best static of repeat {} is the highest cap of the sweep ({top}): a higher \
+             cap may hold too, so the shares of it are upper bounds; sweep past it ({flag}).",
+            repeats.join(", ")
+        )
+    })
+}
+
 fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Option<MixOutcome>]) {
     let best_labels = best_static_labels(best, |b| &b.mode);
     println!();
@@ -1070,7 +1100,7 @@ fn report(
          {}th full cycle of each aggressor phase; medians over the repeats completed of {runs} (the best static per repeat lists them).",
         scenario::STEADY_AFTER_CYCLES + 1
     );
-    for (si, (name, sc, _)) in scenarios.iter().enumerate() {
+    for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
         // A scenario with no repeat completed (a run failed twice in each).
         let Some(bests) = best.get(&si) else {
             continue;
@@ -1149,6 +1179,15 @@ fn report(
                 }
             )
         );
+        let flag = match name.as_str() {
+            "random-reader" => "--scan-caps",
+            "vm-writer" => "--vm-caps",
+            _ => "--writer-caps",
+        };
+        if let Some(note) = sweep_top_note(&best_labels, caps, flag) {
+            println!();
+            println!("{note}");
+        }
         for ((_, label), outs) in results
             .iter()
             .filter(|((i, l), _)| *i == si && is_policy(l))
@@ -1220,6 +1259,21 @@ mod tests {
                 "adaptive"
             ]
         );
+    }
+
+    #[test]
+    fn a_best_static_at_the_top_of_the_sweep_is_said() {
+        let labels = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let caps = [250, 500, 400];
+        let top = Mode::Static(500).label();
+        let note = sweep_top_note(&labels(&[&top, "none", &top]), &caps, "--pg-caps")
+            .expect("repeats 1 and 3 at the top");
+        assert!(note.contains("repeat 1, 3 "), "{note}");
+        assert!(note.contains(&top) && note.contains("--pg-caps"), "{note}");
+        // A best static under the top, or none, says nothing; nor does a sweep of no caps.
+        let under = Mode::Static(400).label();
+        assert_eq!(sweep_top_note(&labels(&[&under, "none"]), &caps, "-"), None);
+        assert_eq!(sweep_top_note(&labels(&[&top]), &[], "-"), None);
     }
 
     #[test]
