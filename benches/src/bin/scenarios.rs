@@ -227,24 +227,25 @@ fn run() -> Result<()> {
     // Parsed even when the mix does not run, so a bad list fails before an hour of other runs.
     let mix_statics = mix_statics(&mix_caps, mix::INGEST_RATE_MBPS)?;
     let pg = names.iter().any(|n| n == "postgres");
-    let scenarios: Vec<(String, Scenario, Vec<u64>)> = names
+    let scenarios: Vec<(String, Scenario, Sweep)> = names
         .iter()
         .filter(|n| *n != "paper-mix" && *n != "postgres")
         .map(|n| {
             // The SLO each aggressor breaks here by default (the random reader's p99.9 cost is
             // smaller than the writer's).
-            let (s, caps) = match n.as_str() {
-                "writer" => (Scenario::new(Aggressor::Writer, 5, seconds), &writer_caps),
+            let writer = (&writer_caps, "--writer-caps");
+            let (s, (caps, flag)) = match n.as_str() {
+                "writer" => (Scenario::new(Aggressor::Writer, 5, seconds), writer),
                 "random-reader" => (
                     Scenario::new(Aggressor::RandomReader, 3, seconds),
-                    &scan_caps,
+                    (&scan_caps, "--scan-caps"),
                 ),
-                "on-off" => (
-                    Scenario::new(Aggressor::Writer, 5, 30).on_off(20, 3),
-                    &writer_caps,
-                ),
+                "on-off" => (Scenario::new(Aggressor::Writer, 5, 30).on_off(20, 3), writer),
                 // The guest's SLO is its own: emulation slows the reader alone.
-                "vm-writer" => (Scenario::new(Aggressor::Writer, vm_slo_ms, seconds), &vm_caps),
+                "vm-writer" => (
+                    Scenario::new(Aggressor::Writer, vm_slo_ms, seconds),
+                    (&vm_caps, "--vm-caps"),
+                ),
                 _ => {
                     bail!("--scenarios: unknown scenario {n}; use writer, random-reader, on-off, paper-mix, postgres or vm-writer")
                 }
@@ -256,7 +257,11 @@ fn run() -> Result<()> {
                 },
                 ..s
             };
-            Ok((n.clone(), s, caps.clone()))
+            let sweep = Sweep {
+                caps: caps.clone(),
+                flag,
+            };
+            Ok((n.clone(), s, sweep))
         })
         .collect::<Result<_>>()?;
     // SAFETY: geteuid has no preconditions.
@@ -419,8 +424,8 @@ fn run() -> Result<()> {
                 }
             }
         }
-        'scenarios: for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
-            let ms = modes_of(&statics(caps), r, !on_host(name));
+        'scenarios: for (si, (name, sc, sweep)) in scenarios.iter().enumerate() {
+            let ms = modes_of(&statics(&sweep.caps), r, !on_host(name));
             let mut outs = vec![];
             for m in ms {
                 eprintln!("run {} {name}: {}", r + 1, m.label());
@@ -1005,6 +1010,12 @@ fn best_static_labels<T>(best: &[Option<T>], mode: impl Fn(&T) -> &Mode) -> Vec<
         .collect()
 }
 
+/// A scenario's static caps, and the flag that sets them.
+struct Sweep {
+    caps: Vec<u64>,
+    flag: &'static str,
+}
+
 /// Where a repeat's best static was the highest cap of the sweep, says so: there the best
 /// static is a lower bound (a higher cap might have held too), and a policy's share of it
 /// an upper one. Seen: run CW's PostgreSQL held every cap up to its top, 500 MB/s (a share
@@ -1089,7 +1100,7 @@ fn report_mix(m: &Mix, results: &BTreeMap<String, Vec<MixOutcome>>, best: &[Opti
 }
 
 fn report(
-    scenarios: &[(String, Scenario, Vec<u64>)],
+    scenarios: &[(String, Scenario, Sweep)],
     results: &BTreeMap<(usize, String), Vec<Outcome>>,
     best: &BTreeMap<usize, Vec<Option<Outcome>>>,
     dev: &str,
@@ -1100,7 +1111,7 @@ fn report(
          {}th full cycle of each aggressor phase; medians over the repeats completed of {runs} (the best static per repeat lists them).",
         scenario::STEADY_AFTER_CYCLES + 1
     );
-    for (si, (name, sc, caps)) in scenarios.iter().enumerate() {
+    for (si, (name, sc, sweep)) in scenarios.iter().enumerate() {
         // A scenario with no repeat completed (a run failed twice in each).
         let Some(bests) = best.get(&si) else {
             continue;
@@ -1179,12 +1190,7 @@ fn report(
                 }
             )
         );
-        let flag = match name.as_str() {
-            "random-reader" => "--scan-caps",
-            "vm-writer" => "--vm-caps",
-            _ => "--writer-caps",
-        };
-        if let Some(note) = sweep_top_note(&best_labels, caps, flag) {
+        if let Some(note) = sweep_top_note(&best_labels, &sweep.caps, sweep.flag) {
             println!();
             println!("{note}");
         }
