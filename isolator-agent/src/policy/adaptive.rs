@@ -37,7 +37,8 @@
 //!   upper half alone keeps the budget (quiet cycles only widen sigma); where the fitted
 //!   slope of latency against the cap is flat, no trim can help and none is made. A window
 //!   trim whose range then runs as close to the target measures the curve flat: a window
-//!   as close trims nothing from its lower cap up (see [`WindowTrim`]).
+//!   as close trims nothing there or a step above, and a give-back climbs it (see
+//!   [`WindowTrim`]).
 //! - A knee is trusted for [`BAD_MEMORY_CYCLES`] (not counting cycles the aggressor rests),
 //!   twice as long each time it is found again: a stable knee is probed ever more rarely, a
 //!   moved one soon. A knee found once with the cap under it far below the target is
