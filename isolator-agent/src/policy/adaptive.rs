@@ -1742,32 +1742,39 @@ impl Adaptive {
         worst
     }
 
-    /// A settled cap whose window p99.9 is too close to a target, or whose cycles break the
-    /// one-in-ten budget by the scatter model: trim it.
-    fn trim(&mut self, d: &DeviceCycle, s: &ServiceLoad, cause: Cause) -> Option<Vec<Decision>> {
+    /// The device's window as a trim judges it (see `window_fraction`), once it holds
+    /// [`TRIM_MIN_CYCLES`]: under the device's caps as they are, not only one service's:
+    /// another service's change moves every reader's level. Seen on the test disk
+    /// (BENCHMARKS run BA, paper 001's mix, repeat 1): ingest trimmed for the scatter of a
+    /// window, and backup trimmed for the same window the next cycle, before ingest's trim
+    /// showed.
+    fn trim_window(&self, d: &DeviceCycle) -> Option<(f64, usize, usize)> {
+        self.window_fraction(d.dev, regime_start(d), true)
+            .filter(|&(_, n, _)| n >= TRIM_MIN_CYCLES)
+    }
+
+    /// A settled cap whose window p99.9 (`full`, see [`Adaptive::trim_window`]) is too close
+    /// to a target, or whose cycles break the one-in-ten budget by the scatter model: trim
+    /// it.
+    fn trim(
+        &mut self,
+        d: &DeviceCycle,
+        s: &ServiceLoad,
+        cause: Cause,
+        full: Option<(f64, usize, usize)>,
+    ) -> Option<Vec<Decision>> {
         let cap = s.limit.total_bps()?;
-        // The window under the device's caps as they are, not only this one's: another
-        // service's change moves every reader's level. Seen on the test disk (BENCHMARKS run
-        // BA, paper 001's mix, repeat 1): ingest trimmed for the scatter of a window, and
-        // backup trimmed for the same window the next cycle, before ingest's trim showed.
         let from = regime_start(d);
-        let full = self
-            .window_fraction(d.dev, from, true)
-            .filter(|&(_, n, _)| n >= TRIM_MIN_CYCLES);
-        let last_trim = self
-            .searches
-            .get_mut(&(d.dev, s.id))
-            .and_then(|st| st.window_trim.as_mut());
-        if let (Some(t), Some((f, _, _))) = (last_trim, full) {
-            t.measure(cap, f);
-        }
-        let search = self.searches.get(&(d.dev, s.id));
-        let last_trim = search.and_then(|st| st.window_trim);
-        let window = full
-            .filter(|&(f, _, _)| f > TRIM_AT)
-            .filter(|&(f, _, _)| !last_trim.is_some_and(|t| t.futile(cap, f)));
+        let futile = match (self.searches.get_mut(&(d.dev, s.id)), full) {
+            (Some(st), Some((f, _, _))) => st.window_trim.as_mut().is_some_and(|t| {
+                t.measure(cap, f);
+                t.futile(cap, f)
+            }),
+            _ => false,
+        };
+        let window = full.filter(|&(f, _, _)| f > TRIM_AT && !futile);
         let h = self.devices.get(&d.dev)?;
-        let slope = search.and_then(Search::slope);
+        let slope = self.searches.get(&(d.dev, s.id)).and_then(Search::slope);
         // On a plateau a cut buys nothing the budget needs; where the p99.9 rises steeply
         // with the rate, a small one buys a lot.
         let budget = h
@@ -2074,7 +2081,9 @@ impl Adaptive {
             // one violation far over the target (see `Knee::window`).
             let window_verdict = tolerated == 1 && under_cap > tolerated;
             if under_cap <= tolerated && l <= 3 * slo {
-                return self.trim(d, a, cause).unwrap_or_default();
+                return self
+                    .trim(d, a, cause, self.trim_window(d))
+                    .unwrap_or_default();
             }
             // Squared, as a first cut: a cap that broke the budget under a scan's scatter
             // and was cut by SLO/L (186 to 168 MB/s at 3.5 ms against 3) broke it again at
@@ -2407,6 +2416,8 @@ impl Adaptive {
                 return self.fail_raise(d, s, (prev, cap), why, base_cause(d, s));
             }
         }
+        // Judged once for the device: the trim and every candidate's raise read it.
+        let trim_window = self.trim_window(d);
         // A settled cap whose window p99.9 runs close to a target gives a little back.
         let settled: Vec<&ServiceLoad> = d
             .services
@@ -2418,7 +2429,7 @@ impl Adaptive {
             .into_iter()
             .max_by(|a, b| d.share(a.id).total_cmp(&d.share(b.id)))
         {
-            if let Some(trim) = self.trim(d, s, base_cause(d, s)) {
+            if let Some(trim) = self.trim(d, s, base_cause(d, s), trim_window) {
                 return trim;
             }
         }
@@ -2445,7 +2456,7 @@ impl Adaptive {
             .collect();
         candidates.sort_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
         for s in candidates {
-            let raise = self.raise(d, &h, s, lone);
+            let raise = self.raise(d, &h, s, lone, trim_window);
             if !raise.is_empty() {
                 return raise;
             }
@@ -2454,13 +2465,15 @@ impl Adaptive {
     }
 
     /// The raise of `s`'s cap this cycle, if its window held and it has room: the knee
-    /// search's next step (see `relax`). Empty when it has none.
+    /// search's next step (see `relax`; `trim_window` is [`Adaptive::trim_window`]). Empty
+    /// when it has none.
     fn raise(
         &mut self,
         d: &DeviceCycle,
         h: &DeviceHistory,
         s: &ServiceLoad,
         lone: Option<ServiceId>,
+        trim_window: Option<(f64, usize, usize)>,
     ) -> Vec<Decision> {
         let mut out = vec![];
         let cap = s.limit.total_bps().unwrap_or(0);
@@ -2498,10 +2511,7 @@ impl Adaptive {
         // A window a trim would act on raises nothing, unless it is this cap's own plateau
         // (its window trim measured the curve flat here, see [`WindowTrim`]): otherwise a
         // trim held back for one service would let another's raise through at that window.
-        let trim_window = self
-            .window_fraction(d.dev, regime_start(d), true)
-            .filter(|&(f, n, _)| n >= TRIM_MIN_CYCLES && f > TRIM_AT);
-        if let Some((f, _, _)) = trim_window {
+        if let Some((f, _, _)) = trim_window.filter(|&(f, _, _)| f > TRIM_AT) {
             let plateau = self
                 .searches
                 .get(&(d.dev, s.id))
