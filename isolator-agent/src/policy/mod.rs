@@ -6,8 +6,8 @@ mod adaptive;
 mod pine;
 mod slae;
 
-#[cfg(test)]
-pub(crate) mod sim;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,5 @@
-//! A deterministic simulated disk for the policy tests. Latency services see a p99.9 that
+//! A deterministic simulated disk for the policy tests (and, with the `sim` feature, the
+//! policy-cost benchmark). Latency services see a p99.9 that
 //! rises with the bandwidth everyone else pushes through the device, shaped after the test
 //! machine's measured noisy-neighbor curve (DESIGN.md: 0.43 ms alone; writer at 400 MB/s
 //! 3.2 ms, at 800 MB/s 19 ms, uncapped ~2 GB/s 27 ms) and with their own queue depth.
