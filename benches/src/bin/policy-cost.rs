@@ -40,8 +40,8 @@ struct SizeRun {
 }
 
 fn services(n: usize) -> Vec<SimService> {
-    // The simulator names services with 'static strs (the tests' literals); a benchmark
-    // process makes each size's names once.
+    // The simulator names services with 'static strs (the tests' literals); a short-lived
+    // benchmark process leaks a few thousand names per run.
     let name = |kind: &str, i: usize| -> &'static str {
         Box::leak(format!("{kind}-{i}").into_boxed_str())
     };
