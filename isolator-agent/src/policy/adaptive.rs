@@ -63,8 +63,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::{
-    base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, uncap, victim_cause, Cause,
-    Decision, DeviceCycle, Finding, LatencyNumbers, Policy, ServiceId, ServiceLoad,
+    base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, share_of, uncap,
+    victim_cause, Cause, Decision, DeviceCycle, Finding, LatencyNumbers, Policy, ServiceId,
+    ServiceLoad,
 };
 use crate::config::SloClass;
 
@@ -1619,11 +1620,13 @@ impl Adaptive {
     /// over its SLO for four cycles until ingest was trimmed.
     fn aggressor<'a>(d: &'a DeviceCycle, victim: &'a ServiceLoad) -> Option<&'a ServiceLoad> {
         let tier = |r: u8| r.max(1);
+        let total_inflight = d.total_inflight();
         // The share it can give up: a throughput service only its rate over its target, any
         // service only what is over its floor.
         let cuttable = |s: &ServiceLoad| {
             let bps = s.bps().max(1.0);
-            d.share(s.id) * ((bps - least_cap_bps(s) as f64) / bps).clamp(0.0, 1.0)
+            share_of(s.mean_inflight, total_inflight)
+                * ((bps - least_cap_bps(s) as f64) / bps).clamp(0.0, 1.0)
         };
         Self::candidates(d, victim)
             .min_by(|(ra, a), (rb, b)| {
@@ -1640,6 +1643,7 @@ impl Adaptive {
         victim: &'a ServiceLoad,
     ) -> impl Iterator<Item = (u8, &'a ServiceLoad)> + 'a {
         let total_bps: f64 = d.services.iter().map(ServiceLoad::bps).sum();
+        let total_inflight = d.total_inflight();
         d.services
             .iter()
             // A twentieth of the device's time (its mean in-flight share) or of its bytes:
@@ -1649,7 +1653,8 @@ impl Adaptive {
             .filter(move |s| {
                 s.id != victim.id
                     && s.bps() > 0.0
-                    && (d.share(s.id) >= 0.05 || s.bps() >= 0.05 * total_bps)
+                    && (share_of(s.mean_inflight, total_inflight) >= 0.05
+                        || s.bps() >= 0.05 * total_bps)
             })
             .filter(|s| {
                 // Already pinned at its floor: nothing left to take.
@@ -2425,9 +2430,11 @@ impl Adaptive {
             .filter(|s| s.limit.total_bps().is_some() && s.can_change(d.cycle))
             .filter(|s| is_settled(s, d.cycle))
             .collect();
+        let total_inflight = d.total_inflight();
+        let share = |s: &ServiceLoad| share_of(s.mean_inflight, total_inflight);
         if let Some(s) = settled
             .into_iter()
-            .max_by(|a, b| d.share(a.id).total_cmp(&d.share(b.id)))
+            .max_by(|a, b| share(a).total_cmp(&share(b)))
         {
             if let Some(trim) = self.trim(d, s, base_cause(d, s), trim_window) {
                 return trim;

@@ -286,17 +286,27 @@ fn throttle_wait_timed_before_the_field() -> bool {
 impl DeviceCycle {
     /// Device-time share of a service: its mean in-flight over everyone's.
     pub fn share(&self, id: ServiceId) -> f64 {
-        let total: f64 = self.services.iter().map(|s| s.mean_inflight).sum();
         let mine = self
             .services
             .iter()
             .find(|s| s.id == id)
             .map_or(0.0, |s| s.mean_inflight);
-        if total > 0.0 {
-            mine / total
-        } else {
-            0.0
-        }
+        share_of(mine, self.total_inflight())
+    }
+    /// Everyone's mean in-flight, the denominator of [`DeviceCycle::share`]: summed once by
+    /// a caller that asks for many services' shares (asked per service, the sum made the
+    /// policy's cycle quadratic in the services; BENCHMARKS.md, the policy's cost).
+    pub fn total_inflight(&self) -> f64 {
+        self.services.iter().map(|s| s.mean_inflight).sum()
+    }
+}
+
+/// [`DeviceCycle::share`] of a service with `mean_inflight`, given the device's total.
+pub fn share_of(mean_inflight: f64, total_inflight: f64) -> f64 {
+    if total_inflight > 0.0 {
+        mean_inflight / total_inflight
+    } else {
+        0.0
     }
 }
 
