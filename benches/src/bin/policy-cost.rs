@@ -39,15 +39,36 @@ struct SizeRun {
     latency_cycles_over: u64,
 }
 
+/// How many services of each kind a size has.
+struct Composition {
+    latency: usize,
+    rated: usize,
+    best_effort: usize,
+}
+
+impl Composition {
+    fn of(n: usize) -> Self {
+        let latency = (n / 10).max(1);
+        let rated = n / 10;
+        Composition {
+            latency,
+            rated,
+            best_effort: n - latency - rated,
+        }
+    }
+}
+
 fn services(n: usize) -> Vec<SimService> {
     // The simulator names services with 'static strs (the tests' literals); a short-lived
     // benchmark process leaks a few thousand names per run.
     let name = |kind: &str, i: usize| -> &'static str {
         Box::leak(format!("{kind}-{i}").into_boxed_str())
     };
-    let latency = (n / 10).max(1);
-    let rated = n / 10;
-    let best_effort = n - latency - rated;
+    let Composition {
+        latency,
+        rated,
+        best_effort,
+    } = Composition::of(n);
     // Four heavy writers offer most of the load; the many light ones share the rest (each
     // under the policy's 5 % bar for a candidate: see BENCHMARKS.md).
     let heavy = best_effort.min(HEAVY_WRITERS);
@@ -131,11 +152,29 @@ fn run_size(policy: &str, n: usize, cycles: u64) -> Result<SizeRun> {
     Ok(run)
 }
 
+fn positive(v: &str, flag: &str, example: &str) -> Result<usize> {
+    v.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .with_context(|| format!("{flag}: {v:?} is not a positive number; e.g. {flag} {example}"))
+}
+
 fn quantile(sorted: &[u64], q: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // One line naming the cause, whatever RUST_BACKTRACE says.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("policy-cost: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let mut sizes: Vec<usize> = vec![10, 100, 1000, 3000];
     let mut cycles = 200u64;
     let mut rounds = 3usize;
@@ -154,20 +193,8 @@ fn main() -> Result<()> {
                         "--services: a list of service counts of at least 2, e.g. 10,100,1000",
                     )?
             }
-            "--cycles" => {
-                cycles = val()?
-                    .parse()
-                    .ok()
-                    .filter(|&c| c > 0)
-                    .context("--cycles: a positive number of cycles, e.g. 200")?
-            }
-            "--rounds" => {
-                rounds = val()?
-                    .parse()
-                    .ok()
-                    .filter(|&r| r > 0)
-                    .context("--rounds: a positive number of rounds, e.g. 3")?
-            }
+            "--cycles" => cycles = positive(val()?, "--cycles", "200")? as u64,
+            "--rounds" => rounds = positive(val()?, "--rounds", "3")?,
             "--policy" => policy = val()?.clone(),
             other => bail!(
                 "unknown argument {other}; use --services N,N.. --cycles N --rounds N --policy NAME"
@@ -197,12 +224,13 @@ fn main() -> Result<()> {
         let mut t = std::mem::take(&mut pooled[i]);
         t.sort_unstable();
         let run = last[i].take().expect("every size ran");
-        let latency = (n / 10).max(1);
-        let rated = n / 10;
+        let kinds = Composition::of(n);
         let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
         println!(
-            "| {n} ({latency} / {rated} / {}) | {} | {} | {} | {:.0} ns | {} | {} | {} | {:.1} % |",
-            n - latency - rated,
+            "| {n} ({} / {} / {}) | {} | {} | {} | {:.0} ns | {} | {} | {} | {:.1} % |",
+            kinds.latency,
+            kinds.rated,
+            kinds.best_effort,
             us(quantile(&t, 0.5)),
             us(quantile(&t, 0.99)),
             us(*t.last().expect("at least one cycle")),

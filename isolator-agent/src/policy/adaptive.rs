@@ -1620,50 +1620,46 @@ impl Adaptive {
     /// over its SLO for four cycles until ingest was trimmed.
     fn aggressor<'a>(d: &'a DeviceCycle, victim: &'a ServiceLoad) -> Option<&'a ServiceLoad> {
         let tier = |r: u8| r.max(1);
-        let total_inflight = d.total_inflight();
         // The share it can give up: a throughput service only its rate over its target, any
         // service only what is over its floor.
-        let cuttable = |s: &ServiceLoad| {
+        let cuttable = |share: f64, s: &ServiceLoad| {
             let bps = s.bps().max(1.0);
-            share_of(s.mean_inflight, total_inflight)
-                * ((bps - least_cap_bps(s) as f64) / bps).clamp(0.0, 1.0)
+            share * ((bps - least_cap_bps(s) as f64) / bps).clamp(0.0, 1.0)
         };
         Self::candidates(d, victim)
-            .min_by(|(ra, a), (rb, b)| {
-                tier(*ra)
-                    .cmp(&tier(*rb))
-                    .then(cuttable(b).total_cmp(&cuttable(a)))
+            .min_by(|&(ra, sa, a), &(rb, sb, b)| {
+                tier(ra)
+                    .cmp(&tier(rb))
+                    .then(cuttable(sb, b).total_cmp(&cuttable(sa, a)))
             })
-            .map(|(_, s)| s)
+            .map(|(_, _, s)| s)
     }
 
-    /// Who may be cut for `victim`, with their class rank (lowest first).
+    /// Who may be cut for `victim`, with their class rank (lowest first) and device share.
     fn candidates<'a>(
         d: &'a DeviceCycle,
         victim: &'a ServiceLoad,
-    ) -> impl Iterator<Item = (u8, &'a ServiceLoad)> + 'a {
+    ) -> impl Iterator<Item = (u8, f64, &'a ServiceLoad)> + 'a {
         let total_bps: f64 = d.services.iter().map(ServiceLoad::bps).sum();
         let total_inflight = d.total_inflight();
         d.services
             .iter()
+            .map(move |s| (share_of(s.mean_inflight, total_inflight), s))
             // A twentieth of the device's time (its mean in-flight share) or of its bytes:
             // a writer throttled to 31-62 MB/s keeps so few requests in flight next to a
             // QD4 reader that by time alone it did not count, and a reader within its own
             // SLO was cut in its place (on the real disk, to 5 % of its rate).
-            .filter(move |s| {
-                s.id != victim.id
-                    && s.bps() > 0.0
-                    && (share_of(s.mean_inflight, total_inflight) >= 0.05
-                        || s.bps() >= 0.05 * total_bps)
+            .filter(move |&(share, s)| {
+                s.id != victim.id && s.bps() > 0.0 && (share >= 0.05 || s.bps() >= 0.05 * total_bps)
             })
-            .filter(|s| {
+            .filter(|(_, s)| {
                 // Already pinned at its floor: nothing left to take.
                 s.limit.total_bps().is_none_or(|c| c > least_cap_bps(s))
             })
-            .filter_map(|s| class_rank(s).map(|r| (r, s)))
+            .filter_map(|(share, s)| class_rank(s).map(|r| (r, share, s)))
             // A latency service's wait in its own limit is in its p99.9 only where the
             // probe times it; elsewhere a cut could break its SLO where no one sees.
-            .filter(|&(r, _)| r < LATENCY_RANK || d.throttle_wait_timed)
+            .filter(|&(r, _, _)| r < LATENCY_RANK || d.throttle_wait_timed)
     }
 
     /// Records the latency services' histograms (none from a stall).
@@ -3114,8 +3110,8 @@ impl Policy for Adaptive {
             // that owe nothing (best-effort, throughput above target).
             if a.limit.is_unlimited() && !out.is_empty() {
                 let more: Vec<&ServiceLoad> = Self::candidates(d, victim)
-                    .filter(|&(r, b)| r <= 1 && b.id != a.id && b.limit.is_unlimited())
-                    .map(|(_, b)| b)
+                    .filter(|&(r, _, b)| r <= 1 && b.id != a.id && b.limit.is_unlimited())
+                    .map(|(_, _, b)| b)
                     .collect();
                 for b in more {
                     out.extend(self.throttle(d, victim, b));
