@@ -56,11 +56,18 @@
 //!   from the first cycles on, spends no budget and fails no probe. A probe that meets a
 //!   stall otherwise ([`PROBE_STALL_FRACTION`]) falls back, but sets no knee and runs again;
 //!   in the [`RAISE_TRIAL_CYCLES`] after a raise's window passed, a violation is the raise's.
+//! - Where no single service clears the candidate bar (a twentieth of the device's time or
+//!   bytes) but the ones that owe nothing do together, they are cut and given back as one
+//!   group (see [`light_group`]).
 //! - Only when nobody else loads the device does the victim's own concurrency go down
 //!   (PINE eq. 2-3 through Little's law), and only after [`SELF_BLAME_CYCLES`] violating
 //!   cycles in a row; a victim with nothing left to cut gets an `slo_infeasible` notice.
 
+mod light_group;
+
 use std::collections::{HashMap, HashSet, VecDeque};
+
+use light_group::LightGroup;
 
 use super::{
     base_cause, cap_bandwidth, cap_concurrency, pine_concurrency_step, share_of, uncap,
@@ -713,8 +720,9 @@ struct DeviceHistory {
     last_near: Option<u64>,
     /// The last cycle with a near miss or a violation that was no stall.
     last_harm: Option<u64>,
-    /// The victim violating with nobody else to cut, and for how many cycles in a row.
-    alone: Option<(ServiceId, u32)>,
+    /// Cycles in a row with a victim violating and nobody else to cut (whichever victim:
+    /// with many latency services the worst one changes from cycle to cycle).
+    alone: u32,
     /// Victims told `slo_infeasible` in their current violation.
     told_infeasible: Vec<ServiceId>,
     /// The worst latency service's p99.9 as a fraction of its target, per cycle, the last
@@ -1562,6 +1570,8 @@ pub struct Adaptive {
     latency: HashMap<(u32, ServiceId), LatencyWindow>,
     devices: HashMap<u32, DeviceHistory>,
     loads: HashMap<u32, RecentLoads>,
+    /// Per device, the light aggressors cut as one.
+    light: HashMap<u32, LightGroup>,
     findings: Vec<Finding>,
 }
 
@@ -2424,7 +2434,7 @@ impl Adaptive {
             .services
             .iter()
             .filter(|s| s.limit.total_bps().is_some() && s.can_change(d.cycle))
-            .filter(|s| is_settled(s, d.cycle))
+            .filter(|s| is_settled(s, d.cycle) && !self.in_light_group(d.dev, s.id))
             .collect();
         let total_inflight = d.total_inflight();
         let share = |s: &ServiceLoad| share_of(s.mean_inflight, total_inflight);
@@ -2443,6 +2453,10 @@ impl Adaptive {
         if self.probing(d).is_some() {
             return out;
         }
+        let group = self.light_raise(d);
+        if !group.is_empty() || self.light_probing(d.dev) {
+            return group;
+        }
 
         // One raise per cycle, the cap untouched longest first (lowest id as tie); when
         // that one has no room (at its knee, its budget spent), the next. Seen on the test
@@ -2454,7 +2468,9 @@ impl Adaptive {
             .services
             .iter()
             .filter(|s| {
-                self.raise_tells(d, s) && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
+                !self.in_light_group(d.dev, s.id)
+                    && self.raise_tells(d, s)
+                    && (s.can_change(d.cycle) || self.fast_step(d, s, lone))
             })
             .collect();
         candidates.sort_by_key(|s| (s.changed_cycle.unwrap_or(0), s.id));
@@ -2885,12 +2901,8 @@ impl Adaptive {
     /// The victim violates and nobody else can be cut.
     fn alone(&mut self, d: &DeviceCycle, victim: &ServiceLoad) -> Vec<Decision> {
         let h = self.devices.entry(d.dev).or_default();
-        let streak = match h.alone {
-            Some((id, n)) if id == victim.id => n + 1,
-            _ => 1,
-        };
-        h.alone = Some((victim.id, streak));
-        if streak < SELF_BLAME_CYCLES {
+        h.alone += 1;
+        if h.alone < SELF_BLAME_CYCLES {
             return vec![];
         }
         let others_bps = others_bps(d, victim.id);
@@ -2902,7 +2914,7 @@ impl Adaptive {
             let reason = if others_bps < 1e6 {
                 "nobody else loads the device: the target is below what the service gets alone"
             } else {
-                "every other service is at its floor"
+                "every other service runs at or under the least cap the policy sets (its floor, its rate target, or 1 MiB/s), or is a latency service it may not cut"
             };
             self.findings.push(Finding::SloInfeasible {
                 service: victim.id,
@@ -2948,10 +2960,12 @@ impl Policy for Adaptive {
         self.searches.retain(|&(_, s), _| s != id);
         self.latency.retain(|&(_, s), _| s != id);
         for h in self.devices.values_mut() {
-            h.alone = h.alone.filter(|&(s, _)| s != id);
             h.told_infeasible.retain(|&s| s != id);
             // Whose bursts they were is not kept: any service gone ends them.
             h.bursts = None;
+        }
+        for g in self.light.values_mut() {
+            g.forget(id);
         }
     }
 
@@ -3093,16 +3107,26 @@ impl Policy for Adaptive {
             .max_by(|a, b| a.vio().unwrap_or(0.0).total_cmp(&b.vio().unwrap_or(0.0)));
         let Some(victim) = victim else {
             let h = self.devices.entry(d.dev).or_default();
-            h.alone = None;
+            h.alone = 0;
             h.told_infeasible.clear();
             return self.relax(d);
         };
+        // The light group's raise on probation is the first suspect (one probe at a time on
+        // a device: no single service's runs with it).
+        if let Some(out) = self.light_fail_raise(d, victim) {
+            self.devices.entry(d.dev).or_default().alone = 0;
+            return out;
+        }
         // A raise on probation is the first suspect, whatever its class: the violation came
         // with it (seen: a best-effort writer cut for a throughput service's probe, which
         // broke the SLO three more cycles).
         let suspect = self.probing(d).filter(|s| s.id != victim.id);
         if let Some(a) = suspect.or_else(|| Self::aggressor(d, victim)) {
-            self.devices.entry(d.dev).or_default().alone = None;
+            self.devices.entry(d.dev).or_default().alone = 0;
+            // Over the bar on its own now: its cap is its own search's again.
+            if let Some(g) = self.light.get_mut(&d.dev) {
+                g.forget(a.id);
+            }
             let mut out = self.throttle(d, victim, a);
             // Aggressors that arrive together are cut together: one at a time, the second
             // waits out the first's transition and the SLO is back at the fourth cycle
@@ -3114,9 +3138,16 @@ impl Policy for Adaptive {
                     .map(|(_, _, b)| b)
                     .collect();
                 for b in more {
+                    if let Some(g) = self.light.get_mut(&d.dev) {
+                        g.forget(b.id);
+                    }
                     out.extend(self.throttle(d, victim, b));
                 }
             }
+            return out;
+        }
+        if let Some(out) = self.light_cut(d, victim) {
+            self.devices.entry(d.dev).or_default().alone = 0;
             return out;
         }
         self.alone(d, victim)

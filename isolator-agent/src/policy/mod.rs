@@ -524,6 +524,17 @@ fn split_to_the_byte(amount: u64, parts: &[(Knob, u64)]) -> Vec<(Knob, Option<u6
         .collect()
 }
 
+/// Decisions that set every limit of a service to `limit`'s (a limit it had before).
+pub(crate) fn set_limit(
+    s: &ServiceLoad,
+    dev: u32,
+    limit: IoMaxLimit,
+    reason: String,
+    cause: Cause,
+) -> Vec<Decision> {
+    changes(s, dev, Knob::ALL.map(|k| (k, limit.get(k))), reason, cause)
+}
+
 /// Decisions that remove every limit of a service we set.
 pub(crate) fn uncap(s: &ServiceLoad, dev: u32, reason: String, cause: Cause) -> Vec<Decision> {
     changes(s, dev, Knob::ALL.map(|k| (k, None)), reason, cause)
