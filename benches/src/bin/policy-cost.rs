@@ -37,6 +37,8 @@ struct SizeRun {
     capped_at_end: usize,
     latency_cycles: u64,
     latency_cycles_over: u64,
+    /// The services without a latency target, their rate summed per cycle, MB/s.
+    others_mbps: Vec<f64>,
 }
 
 /// How many services of each kind a size has.
@@ -70,7 +72,7 @@ fn services(n: usize) -> Vec<SimService> {
         best_effort,
     } = Composition::of(n);
     // Four heavy writers offer most of the load; the many light ones share the rest (each
-    // under the policy's 5 % bar for a candidate: see BENCHMARKS.md).
+    // under the policy's 5 % bar for a candidate, cut as one group: see BENCHMARKS.md).
     let heavy = best_effort.min(HEAVY_WRITERS);
     let light = best_effort - heavy;
     let heavy_mbps = if light == 0 {
@@ -129,6 +131,7 @@ fn run_size(policy: &str, n: usize, cycles: u64) -> Result<SizeRun> {
         capped_at_end: 0,
         latency_cycles: 0,
         latency_cycles_over: 0,
+        others_mbps: Vec::with_capacity(cycles as usize),
     };
     for _ in 0..cycles {
         let cycle = disk.step();
@@ -136,6 +139,13 @@ fn run_size(policy: &str, n: usize, cycles: u64) -> Result<SizeRun> {
             run.latency_cycles += 1;
             run.latency_cycles_over += u64::from(s.violating());
         }
+        let others: f64 = cycle
+            .services
+            .iter()
+            .filter(|s| s.slo_ns().is_none())
+            .map(|s| s.bps())
+            .sum();
+        run.others_mbps.push(others / 1e6);
         let t = Instant::now();
         let decisions: Vec<Decision> = p.decide(&cycle);
         let findings = p.findings();
@@ -218,8 +228,8 @@ fn run() -> Result<()> {
     println!(
         "policy `{policy}`, {cycles} cycles per size, {rounds} rounds pooled; writers offer {OFFERED_MBPS} MB/s\n"
     );
-    println!("| services (latency / rated / best-effort) | decide p50 | p99 | max | p50 per service | decisions per run | findings per run | capped at the end | latency services' cycles over the SLO |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| services (latency / rated / best-effort) | decide p50 | p99 | max | p50 per service | decisions per run | findings per run | capped at the end | latency services' cycles over the SLO | the others' mean rate |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (i, &n) in sizes.iter().enumerate() {
         let mut t = std::mem::take(&mut pooled[i]);
         t.sort_unstable();
@@ -227,7 +237,7 @@ fn run() -> Result<()> {
         let kinds = Composition::of(n);
         let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
         println!(
-            "| {n} ({} / {} / {}) | {} | {} | {} | {:.0} ns | {} | {} | {} | {:.1} % |",
+            "| {n} ({} / {} / {}) | {} | {} | {} | {:.0} ns | {} | {} | {} | {:.1} % | {:.0} MB/s |",
             kinds.latency,
             kinds.rated,
             kinds.best_effort,
@@ -239,6 +249,7 @@ fn run() -> Result<()> {
             run.findings,
             run.capped_at_end,
             100.0 * run.latency_cycles_over as f64 / run.latency_cycles.max(1) as f64,
+            run.others_mbps.iter().sum::<f64>() / run.others_mbps.len().max(1) as f64,
         );
     }
     Ok(())
