@@ -1618,6 +1618,14 @@ fn least_cap_bps(s: &ServiceLoad) -> u64 {
     }
 }
 
+/// The device's share a candidate for a cut must hold, of its time or of its bytes (one
+/// service, or the light group together).
+const CANDIDATE_BAR: f64 = 0.05;
+
+fn clears_bar(time_share: f64, bps: f64, total_bps: f64) -> bool {
+    time_share >= CANDIDATE_BAR || bps >= CANDIDATE_BAR * total_bps
+}
+
 /// The rank of a latency service within its SLO: the last resort among aggressors.
 const LATENCY_RANK: u8 = 2;
 
@@ -1670,7 +1678,7 @@ impl Adaptive {
             // QD4 reader that by time alone it did not count, and a reader within its own
             // SLO was cut in its place (on the real disk, to 5 % of its rate).
             .filter(move |&(share, s)| {
-                s.id != victim.id && s.bps() > 0.0 && (share >= 0.05 || s.bps() >= 0.05 * total_bps)
+                s.id != victim.id && s.bps() > 0.0 && clears_bar(share, s.bps(), total_bps)
             })
             .filter(|(_, s)| {
                 // Already pinned at its floor: nothing left to take.

@@ -15,14 +15,12 @@
 use std::collections::HashMap;
 
 use super::{
-    base_cause, cap_bandwidth, class_rank, least_cap_bps, share_of, victim_cause, Adaptive,
-    Decision, DeviceCycle, ServiceId, ServiceLoad, SloClass, BAD_MEMORY_CYCLES, FAR_FROM_KNEE,
-    KNEE_PRECISION, MAX_BAD_MEMORY_CYCLES, NOISE_WINDOW, PROBE_CYCLES, SAME_KNEE,
+    base_cause, cap_bandwidth, class_rank, clears_bar, least_cap_bps, share_of, victim_cause,
+    Adaptive, Decision, DeviceCycle, ServiceId, ServiceLoad, SloClass, BAD_MEMORY_CYCLES,
+    FAR_FROM_KNEE, KNEE_PRECISION, MAX_BAD_MEMORY_CYCLES, NOISE_WINDOW, PROBE_CYCLES, SAME_KNEE,
 };
 use crate::policy::{set_limit, IoMaxLimit};
 
-/// What a group needs to be cut for a victim: the share a single candidate needs.
-const GROUP_BAR: f64 = 0.05;
 /// The deepest one cut goes: a twentieth of the group's rate stays, as for one aggressor.
 const MIN_CUT: f64 = 0.05;
 /// The lowest factor: members keep their least caps long before, and a factor of zero
@@ -84,16 +82,44 @@ impl LightGroup {
         };
         self.bad = Some((factor, cycle, trusted));
     }
-    /// Each member's cap at `factor`, never under its least cap; none for a member that
-    /// is a victim now (a throughput service short of its target).
-    fn caps<'a>(
-        &'a self,
-        d: &'a DeviceCycle,
-        factor: f64,
-    ) -> impl Iterator<Item = (&'a ServiceLoad, u64)> + 'a {
+    /// Ends a raise on probation that broke: back to the factor it came from, and the raised
+    /// one is the knee. Returns (raised, back to).
+    fn fall_back(&mut self, cycle: u64) -> Option<(f64, f64)> {
+        let prev = self.before_raise.take()?;
+        let raised = self.factor;
+        self.broke(raised, cycle);
+        self.factor = prev;
+        self.changed_at = cycle;
+        Some((raised, prev))
+    }
+    /// The decisions that cap the members at the group's factor: every member (a cut), or
+    /// only those still capped (a raise or fall-back: one that went quiet had its cap
+    /// lifted and keeps it so). Told as `victim`'s when there is one.
+    fn decisions(
+        &self,
+        d: &DeviceCycle,
+        every_member: bool,
+        why: &str,
+        victim: Option<&ServiceLoad>,
+    ) -> Vec<Decision> {
+        self.caps(d)
+            .filter(|(s, _)| every_member || s.limit.total_bps().is_some())
+            .flat_map(|(s, cap)| {
+                let cause = base_cause(d, s);
+                let cause = victim.map_or(cause.clone(), |v| victim_cause(cause, v));
+                cap_bandwidth(s, d.dev, cap, why.to_string(), cause)
+            })
+            .collect()
+    }
+    /// Each member's cap at the group's factor, never under its least cap; none for a
+    /// member that is a victim now (a throughput service short of its target).
+    fn caps<'a>(&'a self, d: &'a DeviceCycle) -> impl Iterator<Item = (&'a ServiceLoad, u64)> + 'a {
         d.services.iter().filter_map(move |s| {
             let m = self.members.get(&s.id).filter(|_| !s.violating())?;
-            Some((s, ((m.demand_bps * factor) as u64).max(least_cap_bps(s))))
+            Some((
+                s,
+                ((m.demand_bps * self.factor) as u64).max(least_cap_bps(s)),
+            ))
         })
     }
 }
@@ -128,31 +154,17 @@ impl Adaptive {
         victim: &ServiceLoad,
     ) -> Option<Vec<Decision>> {
         let g = self.light.get_mut(&d.dev)?;
-        let prev = g.before_raise?;
-        if d.cycle <= g.changed_at {
+        if !g.on_probation() || d.cycle <= g.changed_at {
             return None;
         }
-        let raised = g.factor;
-        g.broke(raised, d.cycle);
-        g.before_raise = None;
-        g.factor = prev;
-        g.changed_at = d.cycle;
+        let (raised, prev) = g.fall_back(d.cycle)?;
         let why = format!(
             "a raise of the light group to {:.0} % of its members' rates broke {}'s SLO: back to {:.0} %",
             raised * 100.0,
             victim.name,
             prev * 100.0
         );
-        let g = &self.light[&d.dev];
-        let out = g
-            .caps(d, prev)
-            .filter(|(s, _)| s.limit.total_bps().is_some())
-            .flat_map(|(s, cap)| {
-                let cause = victim_cause(base_cause(d, s), victim);
-                cap_bandwidth(s, d.dev, cap, why.clone(), cause)
-            })
-            .collect();
-        Some(out)
+        Some(g.decisions(d, false, &why, Some(victim)))
     }
 
     /// `victim` violates and no single service clears the candidate bar: cut the light
@@ -180,8 +192,7 @@ impl Adaptive {
             .iter()
             .fold((0.0, 0.0), |(b, q), s| (b + s.bps(), q + s.mean_inflight));
         let roomy = joining.iter().any(|s| may_join(s, victim));
-        if !roomy || (share_of(inflight, total_inflight) < GROUP_BAR && bps < GROUP_BAR * total_bps)
-        {
+        if !roomy || !clears_bar(share_of(inflight, total_inflight), bps, total_bps) {
             if group.members.is_empty() {
                 self.light.remove(&d.dev);
             }
@@ -243,15 +254,7 @@ impl Adaptive {
             bps / 1e6,
             group.factor * 100.0
         );
-        let g = &self.light[&d.dev];
-        let out: Vec<Decision> = g
-            .caps(d, g.factor)
-            .flat_map(|(s, cap)| {
-                let cause = victim_cause(base_cause(d, s), victim);
-                cap_bandwidth(s, d.dev, cap, why.clone(), cause)
-            })
-            .collect();
-        Some(out)
+        Some(group.decisions(d, true, &why, Some(victim)))
     }
 
     /// No SLO is violated: confirm the group's raise on probation, or raise it, or give it
@@ -278,28 +281,19 @@ impl Adaptive {
             // the factor it was raised from ran as close (that is the device's scatter).
             let near = h.harm_since(from) && !h.held_cap_ran_as_close(g.changed_at, from);
             let g = self.light.get_mut(&d.dev).expect("looked up above");
-            if near {
-                let (raised, prev) = (g.factor, g.before_raise.unwrap_or(g.factor));
-                g.broke(raised, d.cycle);
+            if !near {
                 g.before_raise = None;
-                g.factor = prev;
-                g.changed_at = d.cycle;
-                let why = format!(
-                    "a raise of the light group to {:.0} % of its members' rates ran a latency service close to its target: back to {:.0} %",
-                    raised * 100.0,
-                    prev * 100.0
-                );
-                let g = &self.light[&d.dev];
-                return g
-                    .caps(d, prev)
-                    .filter(|(s, _)| s.limit.total_bps().is_some())
-                    .flat_map(|(s, cap)| {
-                        cap_bandwidth(s, d.dev, cap, why.clone(), base_cause(d, s))
-                    })
-                    .collect();
+                return vec![];
             }
-            g.before_raise = None;
-            return vec![];
+            let Some((raised, prev)) = g.fall_back(d.cycle) else {
+                return vec![];
+            };
+            let why = format!(
+                "a raise of the light group to {:.0} % of its members' rates ran a latency service close to its target: back to {:.0} %",
+                raised * 100.0,
+                prev * 100.0
+            );
+            return g.decisions(d, false, &why, None);
         }
         // Far under the knee a raise steps after a clean probe window (doubling while a
         // quarter under it, then half-way in log space); near it only after a clean budget
@@ -314,18 +308,12 @@ impl Adaptive {
         if d.cycle + 1 < from + wait || !h.clean_since(d.cycle + 1 - wait) {
             return vec![];
         }
-        let to = if room > 4.0 {
-            g.factor * 2.0
-        } else {
-            (g.factor * knee).sqrt()
-        };
-        // Within the search's precision of the full rates, with nothing under them known to
-        // break: the group is given back.
-        let whole = knee >= 1.0 && room <= KNEE_PRECISION;
-        if room <= KNEE_PRECISION && !whole {
+        if room <= KNEE_PRECISION && knee < 1.0 {
             return vec![];
         }
-        if whole {
+        // Within the search's precision of the full rates, with nothing under them known to
+        // break: the group is given back.
+        if room <= KNEE_PRECISION {
             let g = self.light.remove(&d.dev).expect("looked up above");
             let why = format!(
                 "every SLO held with the light group at {:.0} % of its members' rates: each gets its own limits back",
@@ -338,6 +326,11 @@ impl Adaptive {
                 .flat_map(|(s, m)| set_limit(s, d.dev, m.prior, why.clone(), base_cause(d, s)))
                 .collect();
         }
+        let to = if room > 4.0 {
+            g.factor * 2.0
+        } else {
+            (g.factor * knee).sqrt()
+        };
         let g = self.light.get_mut(&d.dev).expect("looked up above");
         let prev = g.factor;
         g.before_raise = Some(prev);
@@ -353,12 +346,7 @@ impl Adaptive {
                 format!(", half-way to the knee at {:.0} %", knee * 100.0)
             }
         );
-        let g = &self.light[&d.dev];
-        // Only members still capped: one that went quiet had its cap lifted and keeps it so.
-        g.caps(d, to)
-            .filter(|(s, _)| s.limit.total_bps().is_some())
-            .flat_map(|(s, cap)| cap_bandwidth(s, d.dev, cap, why.clone(), base_cause(d, s)))
-            .collect()
+        g.decisions(d, false, &why, None)
     }
 }
 
