@@ -165,9 +165,9 @@ fn cache_reader(file: &Path, runtime_s: u64, prefix: &Path) -> String {
     )
 }
 
-/// Runs the mix in `mode`, again (up to twice, after the disk settles) when `db` alone was
-/// already over half its SLO before the writers started: that run would judge a slow spell
-/// of the disk, not the control (see [`scenario::run`]).
+/// Runs the mix in `mode`, again (after the disk settles) when `db` alone was already slow
+/// before the writers started: that run would judge a slow spell of the disk, not the
+/// control (see [`scenario::again_while_slow`]).
 pub fn run(
     scratch: &Scratch,
     files: &MixFiles,

@@ -358,10 +358,11 @@ pub fn p999_ms(lat: Vec<u64>) -> f64 {
     noisy::p999_ns(lat).map_or(f64::NAN, |p| p as f64 / 1e6)
 }
 
-/// Runs `scenario` in `mode` as [`run_once`] does, again (up to twice, after the disk
-/// settles) when the reader alone was already slow before the aggressor started (p99.9 over
-/// half its target): that run would judge the disk's slow spell, not the control. Seen in
-/// CI after the earlier tests' writes: 20-47 ms for a reader alone for 20 s.
+/// Runs `scenario` in `mode` as [`run_once`] does, again (up to [`SLOW_RUNS`] times in all,
+/// after the disk settles) when the reader alone was already slow before the aggressor
+/// started (p99.9 over [`SOLO_SHARE`] of its target): that run would judge the disk's slow
+/// spell, not the control. Seen in CI after the earlier tests' writes: 20-47 ms for a
+/// reader alone for 20 s.
 pub fn run(
     scratch: &Scratch,
     files: &Files,
@@ -377,8 +378,21 @@ pub fn run(
     )
 }
 
-/// Runs `run` up to 3 times, waiting for the disk to settle between runs, until the reader
-/// of `reader_file` alone had a p99.9 (`solo_ms` of the run) within half its `slo_ms`.
+/// How many runs [`again_while_slow`] makes, at most, on a disk slow for the reader alone.
+const SLOW_RUNS: usize = 5;
+
+/// The reader alone's p99.9 over the solo phase, at most, as a share of its target, for a
+/// run to judge the control. It was half: on the test disk the reader alone's p99.9 over
+/// a few seconds moves between 0.4 and 2.7 ms within the hour with nothing else running
+/// (2026-12-06, 20:05 and 20:20), and against the random-read scenario's 3.7 ms target five
+/// runs in a row came at 1.86-2.73 ms, each after three 1 s probes in a row within half.
+/// The agent's cycles and the client are still judged against the whole target.
+const SOLO_SHARE: f64 = 0.75;
+
+/// Runs `run` up to [`SLOW_RUNS`] times until the reader of `reader_file` alone had a
+/// p99.9 (`solo_ms` of the run) within [`SOLO_SHARE`] of its `slo_ms`. Between runs it
+/// waits until three 1 s probes in a row of the reader alone are within that share (for at
+/// most 3 minutes).
 pub fn again_while_slow<T>(
     mode: &Mode,
     (reader_file, slo_ms): (&Path, f64),
@@ -386,21 +400,22 @@ pub fn again_while_slow<T>(
     solo_ms: impl Fn(&T) -> f64,
 ) -> Result<T, String> {
     let mut slow = vec![];
-    for _ in 0..3 {
+    let bar_ms = slo_ms * SOLO_SHARE;
+    for _ in 0..SLOW_RUNS {
         let o = run()?;
         let solo = solo_ms(&o);
-        if solo <= slo_ms / 2.0 {
+        if solo <= bar_ms {
             return Ok(o);
         }
-        eprintln!(
-            "{}: the reader alone had a p99.9 of {solo:.2} ms before the aggressor started: the disk is in a slow spell; again once it settles",
+        println!(
+            "{}: the reader alone had a p99.9 of {solo:.2} ms before the aggressor started, over {bar_ms:.2} ms: the disk is in a slow spell; again once it settles",
             mode.label(),
         );
         slow.push(solo);
-        noisy::wait_for_settled_disk(reader_file);
+        noisy::wait_for_reader_alone_under(reader_file, (bar_ms * 1e6) as u64, 3, 180);
     }
     Err(format!(
-        "{}: the reader alone was slow before the aggressor started in 3 runs (p99.9 {slow:.2?} ms, target {slo_ms:.2} ms): the disk never settled",
+        "{}: the reader alone was slow before the aggressor started in {SLOW_RUNS} runs (p99.9 {slow:.2?} ms, target {slo_ms:.2} ms): the disk never settled",
         mode.label(),
     ))
 }
@@ -810,22 +825,10 @@ pub fn assert_controlled(
     );
 }
 
-/// The whole per-cycle table of a run, for a test's output.
+/// The agent's cycles of a run ([`noisy::print_cycles`]) and its outcome, for a test's
+/// output.
 pub fn print_cycles(o: &Outcome) {
-    let stats = |name: &str| noisy::service_stats(&o.events, name);
-    let (db, backup) = (stats("db"), stats("backup"));
-    for e in &db {
-        let b = backup.iter().find(|b| b["cycle"] == e["cycle"]);
-        println!(
-            "cycle {} db {} p999 {:.2} ms | backup {:.0}/{:.0} MB/s r/w limit {}",
-            e["cycle"],
-            e["state"],
-            e["p999_ns"].as_f64().unwrap_or(0.0) / 1e6,
-            b.map_or(0.0, |b| b["read_mbps"].as_f64().unwrap_or(0.0)),
-            b.map_or(0.0, |b| b["write_mbps"].as_f64().unwrap_or(0.0)),
-            b.map_or(Value::Null, |b| b["limit"].clone()),
-        );
-    }
+    noisy::print_cycles(&o.events);
     println!(
         "{}: steady {}/{} violating, {} changes, client p99.9 {:.2} ms (solo {:.2}), aggressor {:.0} MB/s steady, {:.0} MB total, to SLO {:?}, to lift {:?}",
         o.mode.label(),
