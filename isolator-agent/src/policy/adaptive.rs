@@ -214,6 +214,19 @@ const Z_CONFIDENCE: f64 = 1.0;
 /// below every target (over [`PROBE_CYCLES`]) is raised by [`CREEP_FAR_FACTOR`] and more
 /// (see [`CLIMB_MAX_FACTOR`]).
 const KNEE_DOUBT: f64 = 0.35;
+/// How many knees found before the last one a search keeps (each for its own memory): those
+/// of settled caps cut for breaking the one-in-ten budget over their window
+/// ([`Knee::window`]), not a re-cut's nor one violation's, which a slow spell of the disk
+/// sets in a row (a cut every other cycle while every cap breaks; the simulator's stall
+/// test). A doubted knee expires at once, and the climb after it ([`CREEP_FAR_FACTOR`], up to
+/// [`CLIMB_MAX_FACTOR`] a step) stops half-way to the lowest of them above the cap, and
+/// stops under it as under a trusted knee ([`KNEE_PRECISION`], settled
+/// [`SETTLED_KNEE_PRECISION`]): seen on the test disk (BENCHMARKS run DD, the writer,
+/// repeat 1), budget cuts 404 -> 283 -> 198 MB/s that were right (the reader's bursts came
+/// less often under each), then, with the knee at 198 doubted (the reader at 0.3-0.4 of its
+/// target under it), a climb 181 -> 707 MB/s in six cycles past the 283 and 404 that had
+/// broken the budget 20-30 cycles before, and three cuts back down.
+const OLDER_KNEES: usize = 3;
 const CREEP_FAR_FACTOR: f64 = 1.25;
 /// A raise under this factor toward a rate no probe measured, past the search's first
 /// [`SEARCH_CYCLES`], waits for the change budget (see
@@ -401,6 +414,9 @@ struct Search {
     good: Option<u64>,
     /// The last knee found, kept after it expires to tell a confirmed knee from a new one.
     knee: Option<Knee>,
+    /// The knees found before it at other rates, newest last (at most [`OLDER_KNEES`]):
+    /// a climb after the last one is doubted stops short of them (see [`Search::older_bad`]).
+    older_knees: Vec<Knee>,
     /// While a raise is on probation: the good cap to fall back to.
     before_raise: Option<u64>,
     /// The cycle of the last fall-back from a raise that broke an SLO: its transition
@@ -578,6 +594,18 @@ impl Search {
         self.knee.and_then(|k| k.trusted(cycle))
     }
 
+    /// The lowest knee found before the last one that is still trusted and above `cap`,
+    /// and above every cap that held since (a cap that held over it says it was a slow
+    /// spell).
+    fn older_bad(&self, cycle: u64, cap: u64) -> Option<u64> {
+        let held = self.good.unwrap_or(0).max(cap);
+        self.older_knees
+            .iter()
+            .filter_map(|k| k.trusted(cycle))
+            .filter(|&rate| rate > held)
+            .min()
+    }
+
     /// Whether the search doubles: no knee known since an arrival's cut.
     fn doubling(&self, cycle: u64) -> bool {
         self.knee_unknown && self.bad(cycle).is_none()
@@ -705,7 +733,18 @@ impl Search {
 
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64, fraction: Option<f64>) {
         self.knee_unknown = false;
-        self.knee = Some(Knee::found(self.knee, rate_bps, cycle, fraction));
+        let knee = Knee::found(self.knee, rate_bps, cycle, fraction);
+        // A knee found at another rate than the last keeps the last in memory if it broke a
+        // window's budget (see [`OLDER_KNEES`]); the same one found again replaces it.
+        if let Some(last) = self.knee.filter(|k| k.window && k.trusted(cycle).is_some()) {
+            if knee.memory_cycles == BAD_MEMORY_CYCLES {
+                self.older_knees.push(last);
+            }
+        }
+        self.older_knees.retain(|k| k.trusted(cycle).is_some());
+        let excess = self.older_knees.len().saturating_sub(OLDER_KNEES);
+        self.older_knees.drain(..excess);
+        self.knee = Some(knee);
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
     }
@@ -2185,8 +2224,11 @@ impl Adaptive {
         if a.limit.is_unlimited() {
             let arriving = self.arriving(d, a);
             let st = self.searches.entry((d.dev, a.id)).or_default();
-            if let (Some(lifted), Some(k)) = (st.lifted_at.take(), st.knee.as_mut()) {
-                k.at_cycle += d.cycle.saturating_sub(lifted);
+            if let Some(lifted) = st.lifted_at.take() {
+                let rested = d.cycle.saturating_sub(lifted);
+                for k in st.knee.iter_mut().chain(st.older_knees.iter_mut()) {
+                    k.at_cycle += rested;
+                }
             }
             // Back in a cycle it ran only part of, its rate understates it: the good cap.
             if let Some(g) = st.good.filter(|&g| arriving || (g as f64) < current * 0.9) {
@@ -2715,6 +2757,24 @@ impl Adaptive {
             }
             None => (cap as f64 * CREEP_FACTOR) as u64,
         };
+        // A raise without a trusted knee stops short of an older one still trusted (see
+        // [`OLDER_KNEES`]).
+        let older = if bad.is_none() && !knee_unknown {
+            st.older_bad(d.cycle, cap)
+        } else {
+            None
+        };
+        let mut by_older = None;
+        if let Some(older) = older {
+            if older as f64 <= cap as f64 * precision {
+                return out;
+            }
+            let half_way = (cap as f64 * older as f64).sqrt() as u64;
+            if half_way < next {
+                next = half_way;
+                by_older = Some(older);
+            }
+        }
         if let Some(ceiling) = s.ceiling_bps() {
             next = next.min(ceiling);
         }
@@ -2796,6 +2856,12 @@ impl Adaptive {
                     ),
                     _ => "every SLO held under this cap: double it (the rate that broke the SLO on arrival is not known)".into(),
                 },
+                (None, None) if by_older.is_some() => format!(
+                    "every SLO met (worst {q} at {:.0} % of its target): raise half-way to {:.0} MB/s, a rate that broke an SLO before the knee found since, which is doubted",
+                    worst * 100.0,
+                    by_older.unwrap_or_default() as f64 / 1e6,
+                    q = judged_at(d),
+                ),
                 (None, None) => format!(
                     "every SLO met (worst {q} at {:.0} % of its target): give back bandwidth, +{:.0} %",
                     worst * 100.0,
@@ -3805,6 +3871,55 @@ mod tests {
             "no probe back from {cut}, far under the target, within a window (cycles {}-{})",
             h[0].0.cycle,
             disk.cycle
+        );
+    }
+
+    /// A knee just over the settled cap, found after one that broke the budget further up
+    /// (budget cuts 404 -> 283 -> 198 MB/s in BENCHMARKS run DD, the writer): with the disk faster, the
+    /// reader far under its target, the last knee is doubted and the cap climbs, but no
+    /// further than half-way to the older knee while it is trusted, where the climb's
+    /// 1.25x, 1.56x and 2x steps went 181 -> 707 MB/s past both. Once the older knee's
+    /// memory runs out, the climb goes on.
+    #[test]
+    fn a_climb_after_a_doubted_knee_stops_short_of_an_older_one_still_trusted() {
+        // A writer's curve: the reader flat far under its target up to a cliff.
+        let mut disk = pair();
+        disk.smooth_curve = Some((300.0, 30.0));
+        disk.services[1].demand_bps = 400e6;
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 120);
+        let cap = writer_cap(&disk).expect("capped");
+        disk.services[1].demand_bps = 3000e6;
+        let older = cap * 2;
+        let st = p.searches.get_mut(&(1, 1)).expect("searched");
+        // Only these two knees: the search's own are its first minutes'.
+        (st.knee, st.older_knees) = (None, vec![]);
+        st.remember_bad(older, disk.cycle, None);
+        st.knee.as_mut().expect("found").window = true;
+        st.remember_bad(cap * 21 / 20, disk.cycle, None);
+        assert_eq!(st.older_bad(disk.cycle, cap), Some(older));
+        // The cliff moves out past both knees: the reader far under its target there.
+        disk.knee_scale = 4.0;
+        let h = disk.run(&mut p, BAD_MEMORY_CYCLES - 2);
+        let caps: Vec<u64> = h
+            .iter()
+            .flat_map(|(_, ds)| ds.iter().filter_map(|d| d.to))
+            .collect();
+        let top = caps.iter().copied().max().unwrap_or(cap);
+        assert!(
+            top as f64 > cap as f64 * 1.21,
+            "no climb past the doubted knee at {} from {cap}: {caps:?}",
+            cap * 21 / 20
+        );
+        // Half-way steps toward it, the last from a cap more than KNEE_PRECISION under it.
+        assert!(
+            top as f64 <= older as f64 / KNEE_PRECISION.sqrt(),
+            "the climb went past half-way to the older knee at {older} from {cap}: {caps:?}"
+        );
+        let later = disk.run(&mut p, 2 * NOISE_WINDOW);
+        assert!(
+            raised_over(&later, top).is_some(),
+            "no raise over {top} once the older knee at {older} expired: {later:?}"
         );
     }
 
