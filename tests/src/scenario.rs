@@ -276,6 +276,8 @@ pub struct Outcome {
     /// p99.9 of the reader's I/Os from its own log (fio's; the load generator's in a VM): alone,
     /// and in the steady phases.
     pub solo_p999_ms: f64,
+    /// The median of the reader's per-second p99.9s alone (ms; NaN: none).
+    pub solo_second_p999_ms: f64,
     pub steady_client_p999_ms: f64,
     /// The steady phases cut into one-second windows of the reader's own log (a cycle's
     /// length), and how many of them had a p99.9 over the SLO: the per-cycle verdict as the
@@ -321,9 +323,18 @@ impl Outcome {
 /// can meet it), to 10 µs. The guest's calibration (`vm_scenario`'s `slo_ms=auto`) is the
 /// same rule in whole ms. On the host, a whole ms was too coarse: the scan held the reader
 /// at 1.5-2.2 ms a cycle in one CI run and at 3.0-3.7 ms an hour later, so 3 ms was never
-/// broken in the first and 1 ms is a target far under what the contention leaves.
+/// broken in the first and 1 ms is a target far under what the contention leaves. Alone,
+/// the median of its per-second p99.9s, as next to the aggressor (the agent judges
+/// seconds): pooled over the solo phase's three seconds, one slow second set it at 2.03 ms
+/// in a CI run, the target at 6.10 ms, and the uncapped scan (4-7 ms a cycle) never broke
+/// that in the first cycles of the next two runs.
 pub fn slo_from_cycles(o: &Outcome) -> u64 {
-    slo_us_from(&o.p999_ms, o.solo_p999_ms)
+    let solo_ms = if o.solo_second_p999_ms.is_finite() {
+        o.solo_second_p999_ms
+    } else {
+        o.solo_p999_ms
+    };
+    slo_us_from(&o.p999_ms, solo_ms)
 }
 
 /// [`slo_from_cycles`]'s rule on per-cycle p99.9s and the p99.9 alone (ms; NaN alone: none).
@@ -514,6 +525,7 @@ pub(crate) fn judged(
         .collect();
     let mut o = outcome(mode.clone(), scenario, events);
     o.solo_p999_ms = p999_ms(solo);
+    o.solo_second_p999_ms = median_second_p999_ms(lat, solo_from_ms, solo_until_ms);
     o.steady_client_p999_ms = p999_ms(steady_client);
     let windows = client_windows(lat, phases_ms);
     o.steady_client_windows = windows.len();
@@ -525,20 +537,36 @@ pub(crate) fn judged(
 /// (ms after the reader started, latency ns), phases as in [`judged`]; windows without a
 /// sample are left out.
 fn client_windows(lat: &[(u64, u64)], phases_ms: &[(u64, u64)]) -> Vec<f64> {
+    phases_ms
+        .iter()
+        .flat_map(|&(start, end)| {
+            second_windows(lat, start + (STEADY_AFTER_CYCLES + 1) * 1000, end)
+        })
+        .collect()
+}
+
+/// The median of [`second_windows`] (NaN: none).
+fn median_second_p999_ms(lat: &[(u64, u64)], from_ms: u64, until_ms: u64) -> f64 {
+    let mut seconds = second_windows(lat, from_ms, until_ms);
+    seconds.sort_by(f64::total_cmp);
+    seconds.get(seconds.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The p99.9 (ms) of each whole one-second window of `lat` from `from_ms` up to `until_ms`;
+/// windows without a sample are left out.
+fn second_windows(lat: &[(u64, u64)], from_ms: u64, until_ms: u64) -> Vec<f64> {
     let mut out = vec![];
-    for &(start, end) in phases_ms {
-        let mut from = start + (STEADY_AFTER_CYCLES + 1) * 1000;
-        while from + 1000 <= end {
-            let window: Vec<u64> = lat
-                .iter()
-                .filter(|(t, _)| (from..from + 1000).contains(t))
-                .map(|&(_, v)| v)
-                .collect();
-            if !window.is_empty() {
-                out.push(p999_ms(window));
-            }
-            from += 1000;
+    let mut from = from_ms;
+    while from.saturating_add(1000) <= until_ms {
+        let window: Vec<u64> = lat
+            .iter()
+            .filter(|(t, _)| (from..from + 1000).contains(t))
+            .map(|&(_, v)| v)
+            .collect();
+        if !window.is_empty() {
+            out.push(p999_ms(window));
         }
+        from += 1000;
     }
     out
 }
@@ -632,6 +660,7 @@ pub fn outcome(mode: Mode, scenario: &Scenario, events: &[Value]) -> Outcome {
             .collect(),
         steady: SteadyBudget::of(&steady, violating, &decision_cycles),
         solo_p999_ms: f64::NAN,
+        solo_second_p999_ms: f64::NAN,
         steady_client_p999_ms: f64::NAN,
         steady_client_windows: 0,
         steady_client_violations: 0,
@@ -877,6 +906,7 @@ mod tests {
                 most_changes_in_ten: 0,
             },
             solo_p999_ms: 0.1,
+            solo_second_p999_ms: 0.1,
             steady_client_p999_ms: 1.0,
             steady_client_windows: 0,
             steady_client_violations: 0,
@@ -918,6 +948,20 @@ mod tests {
         assert_eq!(most_in_any_ten(&steady, &[12, 20, 40]), 1);
         assert_eq!(most_in_any_ten(&steady[..3], &[16, 17]), 2);
         assert_eq!(most_in_any_ten(&[], &[1]), 0);
+    }
+
+    /// One slow second among the reader's three alone sets the pooled p99.9, not the
+    /// median of the seconds' (which the target takes).
+    #[test]
+    fn one_slow_second_alone_does_not_set_the_seconds_median() {
+        let mut lat: Vec<(u64, u64)> = (2000..5000).map(|t| (t, 500_000)).collect();
+        lat.extend((0..5).map(|i| (2100 + i, 9_000_000)));
+        lat.sort();
+        assert_eq!(second_windows(&lat, 2000, 5000), vec![9.0, 0.5, 0.5]);
+        assert_eq!(median_second_p999_ms(&lat, 2000, 5000), 0.5);
+        let pooled = p999_ms(lat.iter().map(|&(_, v)| v).collect());
+        assert!(pooled > 8.0, "{pooled}");
+        assert!(median_second_p999_ms(&lat, 2000, 2500).is_nan());
     }
 
     #[test]

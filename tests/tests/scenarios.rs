@@ -58,9 +58,10 @@ fn random_reader_scenario_adaptive_keeps_the_slo_and_the_scan_near_the_knee() {
         ..nominal
     };
     println!(
-        "the reader's target: {:.2} ms (alone {:.2} ms, next to the uncapped scan {:.2} ms by the client)",
+        "the reader's target: {:.2} ms (alone {:.2} ms, its seconds' median {:.2}; next to the uncapped scan {:.2} ms by the client)",
         sc.slo_ms(),
         uncapped.solo_p999_ms,
+        uncapped.solo_second_p999_ms,
         uncapped.steady_client_p999_ms
     );
     scenario::assert_controlled(|m| run(&s, &sc, m), &sc, ROUNDS, |_| {});
