@@ -385,7 +385,7 @@ impl Knee {
     /// the same one found again.
     fn found(last: Option<Knee>, rate_bps: u64, cycle: u64, fraction: Option<f64>) -> Knee {
         let memory_cycles = match last {
-            Some(k) if (rate_bps as f64 / k.rate_bps as f64 - 1.0).abs() <= SAME_KNEE => {
+            Some(k) if k.same_rate(rate_bps) => {
                 (k.memory_cycles.max(BAD_MEMORY_CYCLES) * 2).min(MAX_BAD_MEMORY_CYCLES)
             }
             _ => BAD_MEMORY_CYCLES,
@@ -399,6 +399,11 @@ impl Knee {
             at_edge: false,
             window: false,
         }
+    }
+
+    /// Whether a knee at `rate_bps` is this one found again (within [`SAME_KNEE`]).
+    fn same_rate(self, rate_bps: u64) -> bool {
+        (rate_bps as f64 / self.rate_bps as f64 - 1.0).abs() <= SAME_KNEE
     }
 
     /// Its rate, while it is trusted.
@@ -733,18 +738,18 @@ impl Search {
 
     fn remember_bad(&mut self, rate_bps: u64, cycle: u64, fraction: Option<f64>) {
         self.knee_unknown = false;
-        let knee = Knee::found(self.knee, rate_bps, cycle, fraction);
         // A knee found at another rate than the last keeps the last in memory if it broke a
         // window's budget (see [`OLDER_KNEES`]); the same one found again replaces it.
-        if let Some(last) = self.knee.filter(|k| k.window && k.trusted(cycle).is_some()) {
-            if knee.memory_cycles == BAD_MEMORY_CYCLES {
-                self.older_knees.push(last);
-            }
+        if let Some(last) = self
+            .knee
+            .filter(|k| k.window && k.trusted(cycle).is_some() && !k.same_rate(rate_bps))
+        {
+            self.older_knees.push(last);
         }
         self.older_knees.retain(|k| k.trusted(cycle).is_some());
         let excess = self.older_knees.len().saturating_sub(OLDER_KNEES);
         self.older_knees.drain(..excess);
-        self.knee = Some(knee);
+        self.knee = Some(Knee::found(self.knee, rate_bps, cycle, fraction));
         // A good cap at or above a breaking rate is stale: the disk got slower.
         self.good = self.good.filter(|&g| g < rate_bps);
     }
@@ -3506,6 +3511,19 @@ mod tests {
         (disk, p, cap)
     }
 
+    /// The pair with a writer's curve under a cliff (the reader flat far under its target up
+    /// to the knee, then many times over it) after 120 cycles, the writer (400 MB/s) capped:
+    /// (disk, policy, cap).
+    fn settled_under_a_cliff() -> (SimDisk, Adaptive, u64) {
+        let mut disk = pair();
+        disk.smooth_curve = Some((300.0, 30.0));
+        disk.services[1].demand_bps = 400e6;
+        let mut p = Adaptive::default();
+        disk.run(&mut p, 120);
+        let cap = writer_cap(&disk).expect("capped");
+        (disk, p, cap)
+    }
+
     /// Gives the writer a knee found just now three times over `cap`, and runs until the
     /// raise half-way to it (at most 6 cycles): the raised cap.
     fn raise_toward_far_knee(disk: &mut SimDisk, p: &mut Adaptive, cap: u64) -> u64 {
@@ -3563,11 +3581,7 @@ mod tests {
     /// `on_a_plateau_two_violations_in_ten_cut_a_settled_cap`.
     #[test]
     fn under_a_cliff_two_violations_in_ten_cut_a_cap_whose_fit_reads_flat() {
-        let mut disk = pair();
-        disk.smooth_curve = Some((300.0, 30.0));
-        disk.services[1].demand_bps = 400e6;
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 120);
+        let (mut disk, mut p, _) = settled_under_a_cliff();
         // The disk a little faster: the reader at 0.15 of its target under the settled cap.
         disk.knee_scale = 1.05;
         let quiet = disk.run(&mut p, NOISE_WINDOW);
@@ -3882,13 +3896,7 @@ mod tests {
     /// memory runs out, the climb goes on.
     #[test]
     fn a_climb_after_a_doubted_knee_stops_short_of_an_older_one_still_trusted() {
-        // A writer's curve: the reader flat far under its target up to a cliff.
-        let mut disk = pair();
-        disk.smooth_curve = Some((300.0, 30.0));
-        disk.services[1].demand_bps = 400e6;
-        let mut p = Adaptive::default();
-        disk.run(&mut p, 120);
-        let cap = writer_cap(&disk).expect("capped");
+        let (mut disk, mut p, cap) = settled_under_a_cliff();
         disk.services[1].demand_bps = 3000e6;
         let older = cap * 2;
         let st = p.searches.get_mut(&(1, 1)).expect("searched");
