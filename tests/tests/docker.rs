@@ -37,8 +37,54 @@ fn within_one_cycle(agent: &Agent, n: u64, what: &str, pred: impl Fn(&Value) -> 
         .unwrap();
     assert!(
         events[..stop].iter().any(&pred),
-        "{what}: not seen by the end of cycle {end}"
+        "{what}: not seen by the end of cycle {end}; what the agent wrote from cycle {n}:\n{}",
+        containers_seen(&events, n)
     );
+}
+
+/// One line per cycle from `from` on: each container cgroup with I/O (name, id's head,
+/// requests) and the runtime events, so a failure shows whether the name lagged or the
+/// container did no I/O.
+fn containers_seen(events: &[Value], from: u64) -> String {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    // From the end of the cycle before `from`: what follows it belongs to `from`.
+    let mut started = from == 0;
+    for e in events {
+        let cycle = e["cycle"].as_u64();
+        match e["type"].as_str().unwrap_or("") {
+            "cycle_end" => {
+                if started {
+                    lines.push(format!("  cycle {}:{line}", cycle.unwrap_or(0)));
+                }
+                line.clear();
+                started |= cycle.is_some_and(|c| c + 1 >= from);
+            }
+            "cgroup_stats" if started && e["cgroup"]["kind"] == "container" => {
+                let ios: u64 = e["devices"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d["read"]["ios"].as_u64())
+                    .sum();
+                let id = e["cgroup"]["container_id"].as_str().unwrap_or("?");
+                line += &format!(
+                    " {}({}) {ios} reads;",
+                    e["cgroup"]["name"].as_str().unwrap_or("?"),
+                    &id[..id.len().min(8)]
+                );
+            }
+            "label_slo" if started => {
+                line += &format!(" label_slo {} {};", e["outcome"], e["container"]);
+            }
+            "warning" | "docker_connected" if started => line += &format!(" {e};"),
+            _ => {}
+        }
+    }
+    if !line.is_empty() {
+        lines.push(format!("  not ended yet:{line}"));
+    }
+    lines.join("\n")
 }
 
 fn names_container(e: &Value, name: &str, id: &str) -> bool {
