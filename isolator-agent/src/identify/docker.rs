@@ -107,8 +107,12 @@ async fn follow(socket: &Path, tx: &mpsc::UnboundedSender<ContainerUpdate>) -> (
         } else {
             match list(&docker, Some(&id)).await {
                 Ok(mut c) if !c.is_empty() => {
-                    let said = actor.attributes.as_ref().and_then(|a| a.get("name"));
-                    ContainerUpdate::Upsert(named_as_the_event_says(c.remove(0), said))
+                    let name = actor.attributes.as_ref().and_then(|a| a.get("name"));
+                    ContainerUpdate::Upsert(as_the_event_says(
+                        c.remove(0),
+                        ev.action.as_deref(),
+                        name,
+                    ))
                 }
                 // Gone again before we asked: a destroy event follows.
                 Ok(_) => continue,
@@ -168,13 +172,23 @@ fn own_name(names: Vec<String>) -> Option<String> {
         .find(|n| !n.is_empty() && !n.contains('/'))
 }
 
-/// The name an event carries is the container's at that event. A listing made right after
-/// a rename can still hold the old name next to the new one (seen with Debian's dockerd
-/// 20.10: `["/ca", "/cb"]` in 14 of 150 renames, listed as soon as the event came), and no
-/// later event would correct a name taken from it.
-fn named_as_the_event_says(mut c: ContainerInfo, said: Option<&String>) -> ContainerInfo {
-    if let Some(name) = said.filter(|n| !n.is_empty()) {
+/// What an event says wins over the listing made right after it: the daemon can log an
+/// event before its listing shows the change, and no later event would correct what was
+/// taken from that listing. Seen with Debian's dockerd 20.10, listed as soon as the event
+/// came: after `rename`, the old name next to the new one (`["/ca", "/cb"]`, 14 of 150
+/// renames); after `die`, the container still `running` (40 of 40 kills).
+fn as_the_event_says(
+    mut c: ContainerInfo,
+    action: Option<&str>,
+    name: Option<&String>,
+) -> ContainerInfo {
+    if let Some(name) = name.filter(|n| !n.is_empty()) {
         c.name = name.trim_start_matches('/').to_string();
+    }
+    match action {
+        Some("die") => c.running = false,
+        Some("start") => c.running = true,
+        _ => {}
     }
     c
 }
@@ -195,7 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn the_events_name_wins_over_a_listing_that_still_has_the_old_one() {
+    fn the_events_name_wins_over_a_listing_that_still_has_the_old_one_too() {
         let listed = ContainerInfo {
             id: "a".repeat(64),
             name: own_name(names(&["/ca", "/cb"])).unwrap(),
@@ -206,8 +220,25 @@ mod tests {
             pod: None,
         };
         assert_eq!(listed.name, "ca");
-        let c = named_as_the_event_says(listed.clone(), Some(&"cb".to_string()));
+        let c = as_the_event_says(listed.clone(), Some("rename"), Some(&"cb".to_string()));
         assert_eq!(c.name, "cb");
-        assert_eq!(named_as_the_event_says(listed, None).name, "ca");
+        assert!(c.running);
+        assert_eq!(as_the_event_says(listed, Some("update"), None).name, "ca");
+    }
+
+    #[test]
+    fn a_container_that_died_is_not_running_whatever_the_listing_says() {
+        let listed = ContainerInfo {
+            id: "b".repeat(64),
+            name: "db".into(),
+            running: true,
+            image: "img".into(),
+            labels: Default::default(),
+            runtime: Runtime::Docker,
+            pod: None,
+        };
+        let died = as_the_event_says(listed, Some("die"), Some(&"db".to_string()));
+        assert!(!died.running);
+        assert!(as_the_event_says(died, Some("start"), None).running);
     }
 }
