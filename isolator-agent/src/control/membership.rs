@@ -332,15 +332,22 @@ impl Membership {
             let container = containers
                 .get(&l.container_id)
                 .map_or(l.spec.name.as_str(), |c| c.name.as_str());
-            let message = format!(
-                "service '{}' let go: its {} stopped or its labels changed",
-                l.spec.name,
-                if l.pod_uid.is_some() {
-                    "pod"
-                } else {
-                    "container"
+            let what = if l.pod_uid.is_some() {
+                "pod"
+            } else {
+                "container"
+            };
+            let why = match wanted.get(l.container_id.as_str()) {
+                Some((w, _)) if w.name != l.spec.name && renamed_only(&l.spec, w) => {
+                    format!(
+                        "its {what} was renamed to '{}' (the service follows it)",
+                        w.name
+                    )
                 }
-            );
+                Some(_) => "its labels changed".to_string(),
+                None => format!("its {what} stopped or no longer carries valid labels"),
+            };
+            let message = format!("service '{}' let go: {why}", l.spec.name);
             events.push(report::label_slo(
                 "released",
                 (container, &l.container_id, l.pod_uid.as_deref()),
@@ -402,4 +409,13 @@ fn subject(c: &ContainerInfo) -> String {
 /// A glob that matches `text` alone.
 fn exact(text: &str) -> glob::Pattern {
     glob::Pattern::new(&glob::Pattern::escape(text)).expect("an escaped text is a valid glob")
+}
+
+/// Whether a label service's spec differs from `now` by its name only: the container was
+/// renamed, its labels are the same.
+fn renamed_only(was: &ServiceSpec, now: &ServiceSpec) -> bool {
+    ServiceSpec {
+        name: now.name.clone(),
+        ..was.clone()
+    } == *now
 }

@@ -69,10 +69,35 @@ fn label_services_follow_what_docker_says() {
     // Said once: the same refresh again says nothing.
     assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
 
+    // Renamed: the service follows the name, and the message says it was a rename.
+    table.apply(&ContainerUpdate::Upsert(info(1, "db2", &slo, true)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 3);
+    assert_eq!(
+        outcomes(&ev),
+        [
+            ("released".to_string(), "db2".to_string()),
+            ("applied".into(), "db2".into())
+        ]
+    );
+    let said = |ev: &[Event]| match &ev[0] {
+        Event::LabelSlo(l) => l.message.clone(),
+        _ => String::new(),
+    };
+    assert_eq!(
+        said(&ev),
+        "service 'db' let go: its container was renamed to 'db2' (the service follows it)"
+    );
+    table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
+    c.refresh(&hierarchy, &paths, &table, 4);
+
     // Docker says db stopped while its cgroup is still there: let go now.
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, false)));
-    let ev = c.refresh(&hierarchy, &paths, &table, 3);
+    let ev = c.refresh(&hierarchy, &paths, &table, 5);
     assert_eq!(outcomes(&ev), [("released".to_string(), "db".to_string())]);
+    assert_eq!(
+        said(&ev),
+        "service 'db' let go: its container stopped or no longer carries valid labels"
+    );
     assert!(c.membership.label_service_ids().is_empty());
     assert!(
         c.membership.services_with_targets().iter().all(|&s| s < 1),
@@ -81,9 +106,10 @@ fn label_services_follow_what_docker_says() {
 
     // Started again: a new service (ids are never reused).
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
-    let ev = c.refresh(&hierarchy, &paths, &table, 4);
+    let ev = c.refresh(&hierarchy, &paths, &table, 6);
     assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
-    assert_eq!(c.membership.label_service_ids(), [2]);
+    // db, db2, db again after the renames, and now this one.
+    assert_eq!(c.membership.label_service_ids(), [4]);
 }
 
 #[test]
