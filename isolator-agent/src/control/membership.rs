@@ -338,7 +338,7 @@ impl Membership {
                 "container"
             };
             let why = match wanted.get(l.container_id.as_str()) {
-                Some((w, _)) if w.name != l.spec.name && renamed_only(&l.spec, w) => {
+                Some((w, _)) if renamed_only(&l.spec, w) => {
                     format!(
                         "its {what} was renamed to '{}' (the service follows it)",
                         w.name
@@ -411,8 +411,8 @@ fn exact(text: &str) -> glob::Pattern {
     glob::Pattern::new(&glob::Pattern::escape(text)).expect("an escaped text is a valid glob")
 }
 
-/// Whether a label service's spec differs from `now` by its name only: the container was
-/// renamed, its labels are the same.
+/// Whether a stale label service's spec differs from `now` by its name only (it differs,
+/// or it would not be stale): the container was renamed, its labels are the same.
 fn renamed_only(was: &ServiceSpec, now: &ServiceSpec) -> bool {
     ServiceSpec {
         name: now.name.clone(),

@@ -92,6 +92,20 @@ impl ContainerInfo {
     pub fn is_sandbox(&self) -> bool {
         self.pod.as_ref().is_some_and(|p| p.container.is_none())
     }
+
+    /// A running Docker container without labels, for tests.
+    #[cfg(test)]
+    pub fn docker_for_test(id: &str, name: &str) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            name: name.into(),
+            image: "img".into(),
+            labels: HashMap::new(),
+            running: true,
+            runtime: Runtime::Docker,
+            pod: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -253,15 +267,7 @@ mod tests {
     use super::*;
 
     fn c(id: &str, name: &str) -> ContainerInfo {
-        ContainerInfo {
-            id: id.into(),
-            name: name.into(),
-            image: "img".into(),
-            labels: HashMap::new(),
-            running: true,
-            runtime: Runtime::Docker,
-            pod: None,
-        }
+        ContainerInfo::docker_for_test(id, name)
     }
 
     fn connected(runtime: Runtime, containers: Vec<ContainerInfo>) -> ContainerUpdate {

@@ -209,16 +209,11 @@ mod tests {
     }
 
     #[test]
-    fn the_events_name_wins_over_a_listing_that_still_has_the_old_one_too() {
-        let listed = ContainerInfo {
-            id: "a".repeat(64),
-            name: own_name(names(&["/ca", "/cb"])).unwrap(),
-            running: true,
-            image: "img".into(),
-            labels: Default::default(),
-            runtime: Runtime::Docker,
-            pod: None,
-        };
+    fn the_events_name_wins_over_a_listing_that_still_has_the_old_one() {
+        let listed = ContainerInfo::docker_for_test(
+            &"a".repeat(64),
+            &own_name(names(&["/ca", "/cb"])).unwrap(),
+        );
         assert_eq!(listed.name, "ca");
         let c = as_the_event_says(listed.clone(), Some("rename"), Some(&"cb".to_string()));
         assert_eq!(c.name, "cb");
@@ -228,15 +223,7 @@ mod tests {
 
     #[test]
     fn a_container_that_died_is_not_running_whatever_the_listing_says() {
-        let listed = ContainerInfo {
-            id: "b".repeat(64),
-            name: "db".into(),
-            running: true,
-            image: "img".into(),
-            labels: Default::default(),
-            runtime: Runtime::Docker,
-            pod: None,
-        };
+        let listed = ContainerInfo::docker_for_test(&"b".repeat(64), "db");
         let died = as_the_event_says(listed, Some("die"), Some(&"db".to_string()));
         assert!(!died.running);
         assert!(as_the_event_says(died, Some("start"), None).running);
