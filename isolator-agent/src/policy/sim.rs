@@ -162,6 +162,9 @@ pub struct SimDisk {
     writeback_pile_mb: f64,
     /// The previous cycle's bulk rates, for the transition cycle.
     prev_rates: Vec<f64>,
+    /// In the transition of a cut, the share of the way back to the old rate the cut
+    /// service's counters show ([`CUT_DRAIN`] unless a test makes the old queue longer).
+    pub cut_drain: f64,
 }
 
 impl SimDisk {
@@ -179,6 +182,7 @@ impl SimDisk {
             host_writeback: None,
             writeback_pile_mb: 0.0,
             prev_rates: vec![0.0; n],
+            cut_drain: CUT_DRAIN,
         }
     }
 
@@ -264,7 +268,7 @@ impl SimDisk {
             let arriving = self.cycle == s.start
                 || (s.running(self.cycle) && !s.running(self.cycle.saturating_sub(1)));
             let drain = if s.changed == Some(self.cycle.wrapping_sub(1)) {
-                CUT_DRAIN * (self.prev_rates[i] - rates[i]).max(0.0)
+                self.cut_drain * (self.prev_rates[i] - rates[i]).max(0.0)
             } else {
                 0.0
             };
@@ -1591,7 +1595,11 @@ mod tests {
     /// median over five seeds of the noisy disk. One seed's steady mean moves by 5-10 % with
     /// any change to when a probe lands: seed 11 alone gave 241 MB/s against a best static
     /// 255, and 228 once the simulator's cut transitions ran at the new cap, a change that
-    /// over seeds 1-16 moved as many means up as down.
+    /// over seeds 1-16 moved as many means up as down; a budget cut judged in its
+    /// transition moved seeds 8-12's median after the rise from 92 to 89 %, and seeds 1-20's
+    /// from 90.5 to 90.0 % (the median over 20 seeds is the verdict since). Nor does the
+    /// reader violate four cycles in a row anywhere (that change's point: 6 such runs in
+    /// these 20 seeds before it, none after).
     #[test]
     fn adaptive_follows_the_knee_when_the_disk_slows_down_and_speeds_up() {
         let noisy = |seed: u64, k: f64| {
@@ -1603,7 +1611,7 @@ mod tests {
         // Each move: where the knee goes, the cycles run after it, the steady cycles judged.
         let moves = [("down", 0.6, 150, (170, 300)), ("up", 1.5, 250, (450, 550))];
         let mut shares = [vec![], vec![]];
-        for seed in 8..=12 {
+        for seed in 1..=20 {
             let mut disk = noisy(seed, 1.0);
             let mut p = Adaptive::default();
             let mut h = disk.run(&mut p, 150);
@@ -1620,6 +1628,21 @@ mod tests {
                 );
                 shares[i].push(mean / best);
             }
+            let longest = h
+                .iter()
+                .fold((0, 0), |(run, longest), (c, _)| {
+                    let run = if c.services[0].violating() {
+                        run + 1
+                    } else {
+                        0
+                    };
+                    (run, longest.max(run))
+                })
+                .1;
+            assert!(
+                longest < 4,
+                "seed {seed}: the reader violated {longest} cycles in a row"
+            );
         }
         for ((way, ..), shares) in moves.iter().zip(shares) {
             let median = crate::measure::metrics::median(shares).unwrap_or(0.0);
