@@ -2318,22 +2318,28 @@ impl Adaptive {
     /// rate a few ms into the cycle; on the test disk first caps' transitions ran 0.7-14 %
     /// of the way back, all but two under 3 %: 1533 of 3068 -> 1564 MB/s, 194 of 1471 -> 230).
     fn first_cap_in_force(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
+        a.changed_cycle.is_some_and(|changed| {
+            self.devices
+                .get(&d.dev)
+                .is_some_and(|h| h.first_cap_at == Some(changed))
+        }) && self.cut_ran_in_force(d, a)
+    }
+
+    /// Whether `a`'s last change cut it from the rate it ran at in the cycle of the change
+    /// and `a` took [`BINDING`] of the way down in this cycle (see [`took_most_of`]).
+    fn cut_ran_in_force(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
         let (Some(cap), Some(changed)) = (a.limit.total_bps(), a.changed_cycle) else {
             return false;
         };
-        self.devices
+        self.loads
             .get(&d.dev)
-            .is_some_and(|h| h.first_cap_at == Some(changed))
-            && self
-                .loads
-                .get(&d.dev)
-                .and_then(|r| r.rate_at(changed, a.id))
-                .is_some_and(|from| from > cap as f64 && took_most_of(from, cap as f64, a.bps()))
+            .and_then(|r| r.rate_at(changed, a.id))
+            .is_some_and(|from| from > cap as f64 && took_most_of(from, cap as f64, a.bps()))
     }
 
     /// Whether this cycle is the transition of a cut `a`'s cap got for a broken budget
-    /// (see [`BudgetCut`]) and `a` ran in it as it does in force ([`took_most_of`] the way
-    /// down, as [`Adaptive::first_cap_in_force`] judges a first cap): the reader's p99.9
+    /// (see [`BudgetCut`]) and `a` ran in it as it does in force
+    /// ([`Adaptive::cut_ran_in_force`], as a first cap is judged): the reader's p99.9
     /// there is the cut's (measured, BENCHMARKS run BU), and with the budget spent a
     /// violation there is the cut's failure, cut again at once rather than after a cycle
     /// waited. Seen in CI (the container noisy neighbor, target 6 ms): a cut from 123 to
@@ -2349,11 +2355,7 @@ impl Adaptive {
                 .get(&(d.dev, a.id))
                 .and_then(|st| st.budget_cut)
                 .is_some_and(|b| b.to == cap && b.cycle == changed)
-            && self
-                .loads
-                .get(&d.dev)
-                .and_then(|r| r.rate_at(changed, a.id))
-                .is_some_and(|from| from > cap as f64 && took_most_of(from, cap as f64, a.bps()))
+            && self.cut_ran_in_force(d, a)
     }
 
     /// One cut big enough to meet the SLO at the next full cycle.
