@@ -152,6 +152,9 @@ fn containers_are_named_followed_and_survive_a_daemon_restart() {
     // Rename, six times: the cgroup is named anew each time. (The daemon's listing right
     // after a rename can still hold the old name; one rename in ten or so, so one rename
     // was a coin that seldom fell.)
+    // The label service follows each rename and is never let go (a throttled one would
+    // lose its cap).
+    let before_renames = agent.events().len();
     let mut old = "db";
     for new in ["db-a", "db-b", "db-c", "db-d", "db-e", "db2"] {
         d.docker(&["rename", old, new]);
@@ -159,8 +162,20 @@ fn containers_are_named_followed_and_survive_a_daemon_restart() {
         within_one_cycle(&agent, n, &format!("rename to {new}"), |e| {
             names_container(e, new, &db)
         });
+        within_one_cycle(&agent, n, &format!("label service renamed to {new}"), |e| {
+            label_slo(e, "renamed", new) && e["service"] == new
+        });
         old = new;
     }
+    let released: Vec<Value> = agent.events()[before_renames..]
+        .iter()
+        .filter(|e| e["type"] == "label_slo" && e["outcome"] == "released")
+        .cloned()
+        .collect();
+    assert!(
+        released.is_empty(),
+        "a rename let the service go: {released:?}"
+    );
 
     // Stop: the label service is let go.
     d.docker(&["kill", "db2"]);

@@ -320,6 +320,38 @@ impl Membership {
             };
             wanted.insert(&c.id, (spec, pod_uid));
         }
+        // Renamed (same container, same labels, a new name): the service keeps its id and
+        // so its limits and what the policy learned of it; letting it go would lift a
+        // throttled aggressor's cap until the policy found it again.
+        for l in self.labelled.values_mut() {
+            let Some((w, _)) = wanted.get(l.container_id.as_str()) else {
+                continue;
+            };
+            if w == &l.spec || !renamed_only(&l.spec, w) {
+                continue;
+            }
+            let was = std::mem::replace(&mut l.spec.name, w.name.clone());
+            let what = if l.pod_uid.is_some() {
+                "pod"
+            } else {
+                "container"
+            };
+            let message = format!(
+                "service '{was}' is now '{}': its {what} was renamed; its limits stay",
+                w.name
+            );
+            let mut event = report::label_slo(
+                "renamed",
+                (&w.name, &l.container_id, l.pod_uid.as_deref()),
+                Some(&l.spec),
+                None,
+                message,
+            );
+            if let Event::LabelSlo(info) = &mut event {
+                info.renamed_from = Some(was);
+            }
+            events.push(event);
+        }
         // Gone or changed: released (a changed one comes back below with a new id).
         let stale: Vec<ServiceId> = self
             .labelled
@@ -338,12 +370,6 @@ impl Membership {
                 "container"
             };
             let why = match wanted.get(l.container_id.as_str()) {
-                Some((w, _)) if renamed_only(&l.spec, w) => {
-                    format!(
-                        "its {what} was renamed to '{}' (the service follows it)",
-                        w.name
-                    )
-                }
                 Some(_) => "its labels changed".to_string(),
                 None => format!("its {what} stopped or no longer carries valid labels"),
             };
@@ -411,8 +437,8 @@ fn exact(text: &str) -> glob::Pattern {
     glob::Pattern::new(&glob::Pattern::escape(text)).expect("an escaped text is a valid glob")
 }
 
-/// Whether a stale label service's spec differs from `now` by its name only (it differs,
-/// or it would not be stale): the container was renamed, its labels are the same.
+/// Whether a label service's spec differs from `now` by its name at most: the container
+/// was renamed, its labels are the same.
 fn renamed_only(was: &ServiceSpec, now: &ServiceSpec) -> bool {
     ServiceSpec {
         name: now.name.clone(),

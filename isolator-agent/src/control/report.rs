@@ -30,6 +30,7 @@ pub(super) fn label_slo(
         service: service.map(|s| s.name.clone()),
         slo: service.map(|s| s.class),
         label,
+        renamed_from: None,
         message,
     })
 }

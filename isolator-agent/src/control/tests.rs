@@ -69,26 +69,41 @@ fn label_services_follow_what_docker_says() {
     // Said once: the same refresh again says nothing.
     assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 2)).is_empty());
 
-    // Renamed: the service follows the name, and the message says it was a rename.
+    // Renamed: the service takes the new name and keeps its id, and says so once.
     table.apply(&ContainerUpdate::Upsert(info(1, "db2", &slo, true)));
     let ev = c.refresh(&hierarchy, &paths, &table, 3);
-    assert_eq!(
-        outcomes(&ev),
-        [
-            ("released".to_string(), "db2".to_string()),
-            ("applied".into(), "db2".into())
-        ]
-    );
+    assert_eq!(outcomes(&ev), [("renamed".to_string(), "db2".to_string())]);
     let said = |ev: &[Event]| match &ev[0] {
         Event::LabelSlo(l) => l.message.clone(),
         _ => String::new(),
     };
     assert_eq!(
         said(&ev),
-        "service 'db' let go: its container was renamed to 'db2' (the service follows it)"
+        "service 'db' is now 'db2': its container was renamed; its limits stay"
     );
+    assert!(matches!(&ev[0], Event::LabelSlo(l)
+        if l.renamed_from.as_deref() == Some("db") && l.service.as_deref() == Some("db2")));
+    assert_eq!(c.membership.label_service_ids(), [1]);
+    assert_eq!(c.membership.spec(1).map(|s| s.name.as_str()), Some("db2"));
+    assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 4)).is_empty());
+    // Back, as Docker's listing right after a rename can still say: the same service.
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
-    c.refresh(&hierarchy, &paths, &table, 4);
+    let ev = c.refresh(&hierarchy, &paths, &table, 4);
+    assert_eq!(outcomes(&ev), [("renamed".to_string(), "db".to_string())]);
+    assert_eq!(c.membership.label_service_ids(), [1]);
+    // New labels are another SLO: the old service goes, a new one comes.
+    let slower = [("isolator.class", "latency"), ("isolator.p999", "30ms")];
+    table.apply(&ContainerUpdate::Upsert(info(1, "db", &slower, true)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 4);
+    assert_eq!(
+        outcomes(&ev),
+        [
+            ("released".to_string(), "db".to_string()),
+            ("applied".into(), "db".into())
+        ]
+    );
+    assert_eq!(said(&ev), "service 'db' let go: its labels changed");
+    assert_eq!(c.membership.label_service_ids(), [2]);
 
     // Docker says db stopped while its cgroup is still there: let go now.
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, false)));
@@ -108,8 +123,8 @@ fn label_services_follow_what_docker_says() {
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
     let ev = c.refresh(&hierarchy, &paths, &table, 6);
     assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
-    // db, db2, db again after the renames, and now this one.
-    assert_eq!(c.membership.label_service_ids(), [4]);
+    // db (renamed twice, kept), db with new labels, and now this one.
+    assert_eq!(c.membership.label_service_ids(), [3]);
 }
 
 #[test]
@@ -307,6 +322,8 @@ struct Rig {
     policy: Scripted,
     _journal: Option<ScratchDir>,
     cycle: u64,
+    /// What the container runtime says (empty unless a test tells it something).
+    containers: ContainerTable,
 }
 
 enum Run {
@@ -349,6 +366,7 @@ impl Rig {
             policy: scripted,
             _journal: dir,
             cycle: 0,
+            containers: ContainerTable::default(),
         };
         rig.refresh();
         rig
@@ -357,9 +375,8 @@ impl Rig {
     fn refresh(&mut self) -> Vec<Event> {
         let paths = self.host.cgroup_paths();
         let hierarchy = self.host.hierarchy();
-        let containers = ContainerTable::default();
         self.controller
-            .refresh(&hierarchy, &paths, &containers, self.cycle)
+            .refresh(&hierarchy, &paths, &self.containers, self.cycle)
     }
 
     /// One cycle on DEV in which the policy decides `decisions`.
@@ -586,6 +603,73 @@ fn a_recreated_cgroup_starts_its_service_over_and_closes_its_journal_entries() {
     // A refresh with nothing changed starts nothing over.
     assert!(rig.refresh().is_empty());
     assert_eq!(rig.policy.forgotten.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn a_renamed_container_keeps_its_limit_its_journal_entry_and_its_policy_state() {
+    let id = format!("{:064x}", 7);
+    let cgroup = format!("/docker/{id}");
+    let config = "[[service]]\nname='web'\ncgroup='/web'\nclass='best-effort'\n";
+    let mut rig = Rig::new(CgroupMode::V2, config, &["/web", &cgroup], Run::Enforcing);
+    let backup = |name: &str| ContainerInfo {
+        id: id.clone(),
+        name: name.into(),
+        image: "img".into(),
+        labels: [("isolator.class", "best-effort")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        running: true,
+        runtime: Runtime::Docker,
+        pod: None,
+    };
+    rig.containers.apply(&ContainerUpdate::Connected {
+        runtime: Runtime::Docker,
+        version: "1.41".into(),
+        containers: vec![backup("backup")],
+    });
+    let ev = rig.refresh();
+    assert_eq!(
+        outcomes(&ev),
+        [("applied".to_string(), "backup".to_string())]
+    );
+    rig.decide(vec![decision(1, Knob::Wbps, Some(50 * MIB))]);
+    let capped = "8:0 rbps=max wbps=52428800 riops=max wiops=max\n";
+    assert_eq!(rig.host.read_knob(&cgroup, "io.max"), capped);
+    let writes = rig.host.writes().len();
+
+    rig.containers
+        .apply(&ContainerUpdate::Upsert(backup("nightly-backup")));
+    let ev = rig.refresh();
+    assert_eq!(
+        outcomes(&ev),
+        [("renamed".to_string(), "nightly-backup".to_string())]
+    );
+    // Nothing given back, nothing written, nothing forgotten: the cap holds through it.
+    assert!(of_type(&ev, "restore").is_empty(), "{ev:?}");
+    assert_eq!(rig.host.writes().len(), writes);
+    assert_eq!(rig.host.read_knob(&cgroup, "io.max"), capped);
+    assert_eq!(rig.journal_len(), 1);
+    assert_eq!(rig.recorded(1).wbps, Some(50 * MIB));
+    assert!(rig.policy.forgotten.lock().unwrap().is_empty());
+    // The next decision names the service by its new name.
+    let ev = rig.decide(vec![decision(1, Knob::Wbps, Some(40 * MIB))]);
+    assert_eq!(of_type(&ev, "decision")[0]["service"], "nightly-backup");
+
+    // Stopped: let go, and its cap given back.
+    rig.containers
+        .apply(&ContainerUpdate::Upsert(ContainerInfo {
+            running: false,
+            ..backup("nightly-backup")
+        }));
+    let ev = rig.refresh();
+    assert_eq!(
+        outcomes(&ev),
+        [("released".to_string(), "nightly-backup".to_string())]
+    );
+    assert_eq!(of_type(&ev, "restore").len(), 1, "{ev:?}");
+    assert_eq!(rig.journal_len(), 0);
+    assert_eq!(*rig.policy.forgotten.lock().unwrap(), [1]);
 }
 
 #[test]

@@ -216,8 +216,9 @@ pub struct DiskStall {
 #[serde(default)]
 pub struct LabelSloInfo {
     /// `applied`, `overridden` (the config claims the container), `invalid` (a malformed
-    /// label; the container is unconfigured) or `released` (container stopped or labels
-    /// changed).
+    /// label; the container is unconfigured), `renamed` (the service follows the
+    /// container's new name and keeps its limits) or `released` (container stopped or
+    /// labels changed).
     pub outcome: String,
     /// The container's name; for a pod's labels, the pod as `namespace/pod`.
     pub container: String,
@@ -231,6 +232,9 @@ pub struct LabelSloInfo {
     pub slo: Option<SloClass>,
     /// `key=value` of the malformed label (`invalid` only).
     pub label: Option<String>,
+    /// The service's name before the rename (`renamed` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<String>,
     pub message: String,
 }
 

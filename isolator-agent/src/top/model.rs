@@ -493,10 +493,15 @@ impl Model {
                 self.push_action(a);
             }
             Event::LabelSlo(l) => {
-                if l.outcome == "released" {
-                    if let Some(s) = &l.service {
-                        self.rows.remove(&RowKey::Service(s.clone()));
-                    }
+                // A released service's row goes, and so does a renamed one's old row (its
+                // next cycle comes under the new name).
+                let gone = match l.outcome.as_str() {
+                    "released" => l.service.as_ref(),
+                    "renamed" => l.renamed_from.as_ref(),
+                    _ => None,
+                };
+                if let Some(s) = gone {
+                    self.rows.remove(&RowKey::Service(s.clone()));
                 }
                 let text = label_text(l);
                 let a = action(ActionKind::Info, None, l.service.clone(), vec![], text);
@@ -1210,6 +1215,23 @@ pub(crate) mod tests {
             .unwrap()
             .text
             .starts_with("agent 0.1.0 started"));
+    }
+
+    #[test]
+    fn a_renamed_label_service_leaves_its_old_row() {
+        let mut m = Model::default();
+        for l in RECORDED.lines().take(40) {
+            m.ingest_line(l).unwrap();
+        }
+        assert!(m.row(&RowKey::Service("db".into())).is_some());
+        m.ingest_line(&line(
+            serde_json::json!({"type": "label_slo", "outcome": "renamed",
+            "container": "db2", "container_id": "ab", "service": "db2", "slo": null,
+            "label": null, "renamed_from": "db", "message": "renamed"}),
+        ))
+        .unwrap();
+        assert!(m.row(&RowKey::Service("db".into())).is_none());
+        assert!(m.actions.back().unwrap().text.contains("label SLO renamed"));
     }
 
     #[test]
