@@ -350,6 +350,15 @@ pub fn replay_run(
             .map(|(k, v)| (k.knob.clone(), *v))
             .collect()
     };
+    // An override names a service; it goes by id, so that a container renamed mid-run (its
+    // service keeps its id and what the policy learned) keeps the SLO it was given.
+    let slo_of_id: HashMap<ServiceId, SloClass> = run
+        .inputs
+        .iter()
+        .flat_map(|input| &input.devices)
+        .flat_map(|d| &d.services)
+        .filter_map(|s| Some((s.id, *slo.get(&s.name)?)))
+        .collect();
     let mut own: HashMap<(ServiceId, u32), ReplayedLimit> = HashMap::new();
     let mut diverged: HashSet<(ServiceId, u32)> = HashSet::new();
     let mut replayed: BTreeMap<DecisionKey, Option<u64>> = BTreeMap::new();
@@ -365,7 +374,7 @@ pub fn replay_run(
             let mut d: DeviceCycle = recorded_cycle.clone();
             let dev = dev_text(d.dev);
             for s in &mut d.services {
-                if let Some(&class) = slo.get(&s.name) {
+                if let Some(&class) = slo_of_id.get(&s.id) {
                     s.class = class;
                 }
                 if diverged.contains(&(s.id, d.dev)) {
@@ -823,6 +832,19 @@ mod tests {
         assert_eq!(first.key.service, "backup");
         assert!(first.recorded.is_some() && first.replayed.is_none());
         assert!(difference_text(first).contains("replay leaves it as it was"));
+    }
+
+    #[test]
+    fn an_slo_given_to_a_service_holds_after_it_is_renamed() {
+        // db's container is renamed to db2 at cycle 10: the same service (id 0) from then on.
+        let mut run = recorded_run(30, 5_000_000);
+        for input in run.inputs.iter_mut().filter(|i| i.cycle >= 10) {
+            input.devices[0].services[0].name = "db2".into();
+        }
+        let mut policy = policy::by_name("adaptive", 0.75).unwrap();
+        let slo = HashMap::from([("db".to_string(), SloClass::latency_p999(50_000_000))]);
+        let out = replay_run(&run, policy.as_mut(), &slo);
+        assert_eq!(out.replayed_decisions, 0, "{:?}", out.differences);
     }
 
     #[test]

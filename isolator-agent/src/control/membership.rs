@@ -234,6 +234,8 @@ impl Membership {
             }
         }
         let mut wanted: HashMap<&str, (ServiceSpec, Option<String>)> = HashMap::new();
+        // Labelled containers a config service claims (by id): the config's service's name.
+        let mut claimed_by: HashMap<&str, &str> = HashMap::new();
         for c in containers.iter() {
             // A sandbox's labels are its pod's: they govern the pod.
             let pod_uid = c
@@ -290,6 +292,7 @@ impl Membership {
                 .iter()
                 .find(|s| cgroups.iter().any(|o| s.matches_owner(o)));
             if let Some(claimed) = claimed {
+                claimed_by.insert(&c.id, &claimed.name);
                 if self.said.insert(format!("overridden:{}", c.id)) {
                     let message = format!(
                         "{} declares {} in its labels, but the config's service '{}' (line {}) claims it: the config wins",
@@ -369,9 +372,16 @@ impl Membership {
             } else {
                 "container"
             };
-            let why = match wanted.get(l.container_id.as_str()) {
-                Some(_) => "its labels changed".to_string(),
-                None => format!("its {what} stopped or no longer carries valid labels"),
+            let why = match (
+                wanted.get(l.container_id.as_str()),
+                claimed_by.get(l.container_id.as_str()),
+            ) {
+                (Some(_), _) => "its labels changed".to_string(),
+                // Renamed into a config service's glob, say: the config wins.
+                (None, Some(config)) => {
+                    format!("the config's service '{config}' claims its {what} now")
+                }
+                (None, None) => format!("its {what} stopped or no longer carries valid labels"),
             };
             let message = format!("service '{}' let go: {why}", l.spec.name);
             events.push(report::label_slo(

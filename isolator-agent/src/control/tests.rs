@@ -25,7 +25,7 @@ fn label_services_follow_what_docker_says() {
     };
     let config = Config::parse(
         "c.toml",
-        "[[service]]\nname='web'\ncontainer='web'\nclass='best-effort'\n",
+        "[[service]]\nname='web'\ncontainer='web*'\nclass='best-effort'\n",
     )
     .unwrap();
     let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
@@ -86,7 +86,7 @@ fn label_services_follow_what_docker_says() {
     assert_eq!(c.membership.label_service_ids(), [1]);
     assert_eq!(c.membership.spec(1).map(|s| s.name.as_str()), Some("db2"));
     assert!(outcomes(&c.refresh(&hierarchy, &paths, &table, 4)).is_empty());
-    // Back, as Docker's listing right after a rename can still say: the same service.
+    // Renamed back: the same service.
     table.apply(&ContainerUpdate::Upsert(info(1, "db", &slo, true)));
     let ev = c.refresh(&hierarchy, &paths, &table, 4);
     assert_eq!(outcomes(&ev), [("renamed".to_string(), "db".to_string())]);
@@ -125,6 +125,20 @@ fn label_services_follow_what_docker_says() {
     assert_eq!(outcomes(&ev), [("applied".to_string(), "db".to_string())]);
     // db (renamed twice, kept), db with new labels, and now this one.
     assert_eq!(c.membership.label_service_ids(), [3]);
+
+    // Renamed into the config's glob: the config wins, and the release says why.
+    table.apply(&ContainerUpdate::Upsert(info(1, "web2", &slo, true)));
+    let ev = c.refresh(&hierarchy, &paths, &table, 7);
+    assert_eq!(
+        outcomes(&ev),
+        [
+            ("overridden".to_string(), "web2".to_string()),
+            ("released".into(), "web2".into())
+        ]
+    );
+    assert!(ev.iter().any(|e| matches!(e, Event::LabelSlo(l)
+        if l.message == "service 'db' let go: the config's service 'web' claims its container now")));
+    assert!(c.membership.label_service_ids().is_empty());
 }
 
 #[test]
