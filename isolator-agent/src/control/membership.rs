@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::report;
 use crate::{
     config::{Config, Matcher, Owner, ServiceSpec},
-    events::Event,
+    events::{Event, LabelSloInfo},
     identify::containers::{ContainerInfo, ContainerTable},
     identify::labels,
     identify::naming::ServiceKind,
@@ -252,11 +252,7 @@ impl Membership {
                         let message = format!(
                             "{}: {e}; the {} is treated as unconfigured",
                             subject(c),
-                            if pod_uid.is_some() {
-                                "pod"
-                            } else {
-                                "container"
-                            }
+                            governed(pod_uid.as_deref())
                         );
                         events.push(report::label_slo(
                             "invalid",
@@ -334,26 +330,21 @@ impl Membership {
                 continue;
             }
             let was = std::mem::replace(&mut l.spec.name, w.name.clone());
-            let what = if l.pod_uid.is_some() {
-                "pod"
-            } else {
-                "container"
-            };
             let message = format!(
-                "service '{was}' is now '{}': its {what} was renamed; its limits stay",
-                w.name
+                "service '{was}' is now '{}': its {} was renamed; its limits stay",
+                w.name,
+                governed(l.pod_uid.as_deref())
             );
-            let mut event = report::label_slo(
-                "renamed",
-                (&w.name, &l.container_id, l.pod_uid.as_deref()),
-                Some(&l.spec),
-                None,
-                message,
-            );
-            if let Event::LabelSlo(info) = &mut event {
-                info.renamed_from = Some(was);
-            }
-            events.push(event);
+            events.push(Event::LabelSlo(LabelSloInfo {
+                renamed_from: Some(was),
+                ..report::label_slo_info(
+                    "renamed",
+                    (&w.name, &l.container_id, l.pod_uid.as_deref()),
+                    Some(&l.spec),
+                    None,
+                    message,
+                )
+            }));
         }
         // Gone or changed: released (a changed one comes back below with a new id).
         let stale: Vec<ServiceId> = self
@@ -367,11 +358,7 @@ impl Membership {
             let container = containers
                 .get(&l.container_id)
                 .map_or(l.spec.name.as_str(), |c| c.name.as_str());
-            let what = if l.pod_uid.is_some() {
-                "pod"
-            } else {
-                "container"
-            };
+            let what = governed(l.pod_uid.as_deref());
             let why = match (
                 wanted.get(l.container_id.as_str()),
                 claimed_by.get(l.container_id.as_str()),
@@ -405,11 +392,7 @@ impl Membership {
         for (container_id, (spec, pod_uid)) in new {
             let message = format!(
                 "{} '{}' governed by its labels: {}",
-                if pod_uid.is_some() {
-                    "pod"
-                } else {
-                    "container"
-                },
+                governed(pod_uid.as_deref()),
                 spec.name,
                 spec.class.describe()
             );
@@ -433,6 +416,15 @@ impl Membership {
             );
         }
         events
+    }
+}
+
+/// What labels govern: the pod when they are a pod's (`pod_uid`), else the container.
+fn governed(pod_uid: Option<&str>) -> &'static str {
+    if pod_uid.is_some() {
+        "pod"
+    } else {
+        "container"
     }
 }
 

@@ -22,7 +22,24 @@ pub(super) fn label_slo(
     label: Option<String>,
     message: String,
 ) -> Event {
-    Event::LabelSlo(LabelSloInfo {
+    Event::LabelSlo(label_slo_info(
+        outcome,
+        (container, container_id, pod_uid),
+        service,
+        label,
+        message,
+    ))
+}
+
+/// [`label_slo`]'s fields, for an outcome that adds one (`renamed`).
+pub(super) fn label_slo_info(
+    outcome: &str,
+    (container, container_id, pod_uid): (&str, &str, Option<&str>),
+    service: Option<&ServiceSpec>,
+    label: Option<String>,
+    message: String,
+) -> LabelSloInfo {
+    LabelSloInfo {
         outcome: outcome.into(),
         container: container.into(),
         container_id: container_id.into(),
@@ -32,7 +49,7 @@ pub(super) fn label_slo(
         label,
         renamed_from: None,
         message,
-    })
+    }
 }
 
 /// One service on one device this cycle; `dev` is "major:minor", `disk` its kernel name.

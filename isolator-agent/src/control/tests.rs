@@ -15,6 +15,27 @@ fn outcomes(events: &[Event]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The id of test container `n`: `n` in 64 hex digits.
+fn container_id(n: u8) -> String {
+    format!("{n:064x}")
+}
+
+/// Docker container `n` as the runtime lists it.
+fn docker_container(n: u8, name: &str, labels: &[(&str, &str)], running: bool) -> ContainerInfo {
+    ContainerInfo {
+        id: container_id(n),
+        name: name.into(),
+        image: "img".into(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        running,
+        runtime: Runtime::Docker,
+        pod: None,
+    }
+}
+
 #[test]
 fn label_services_follow_what_docker_says() {
     // A dry-run controller over a hierarchy that does not exist: nothing is written.
@@ -30,19 +51,7 @@ fn label_services_follow_what_docker_says() {
     .unwrap();
     let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
     let mut c = Controller::new(config, policy, Enforcer::new(hierarchy.clone(), None));
-    let id = |n: u8| format!("{n:064x}");
-    let info = |n: u8, name: &str, labels: &[(&str, &str)], running: bool| ContainerInfo {
-        id: id(n),
-        name: name.into(),
-        image: "img".into(),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        running,
-        runtime: Runtime::Docker,
-        pod: None,
-    };
+    let (id, info) = (container_id, docker_container);
     let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];
     let mut table = ContainerTable::default();
     table.apply(&ContainerUpdate::Connected {
@@ -621,22 +630,10 @@ fn a_recreated_cgroup_starts_its_service_over_and_closes_its_journal_entries() {
 
 #[test]
 fn a_renamed_container_keeps_its_limit_its_journal_entry_and_its_policy_state() {
-    let id = format!("{:064x}", 7);
-    let cgroup = format!("/docker/{id}");
+    let cgroup = format!("/docker/{}", container_id(7));
     let config = "[[service]]\nname='web'\ncgroup='/web'\nclass='best-effort'\n";
     let mut rig = Rig::new(CgroupMode::V2, config, &["/web", &cgroup], Run::Enforcing);
-    let backup = |name: &str| ContainerInfo {
-        id: id.clone(),
-        name: name.into(),
-        image: "img".into(),
-        labels: [("isolator.class", "best-effort")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        running: true,
-        runtime: Runtime::Docker,
-        pod: None,
-    };
+    let backup = |name: &str| docker_container(7, name, &[("isolator.class", "best-effort")], true);
     rig.containers.apply(&ContainerUpdate::Connected {
         runtime: Runtime::Docker,
         version: "1.41".into(),

@@ -1190,13 +1190,19 @@ pub(crate) mod tests {
         assert!(m.row(&RowKey::Cgroup(8)).is_none());
     }
 
-    #[test]
-    fn a_released_label_service_leaves_and_a_restarted_agent_is_said() {
+    /// A model of the recording's first 40 lines, db's row in it.
+    fn model_with_db_row() -> Model {
         let mut m = Model::default();
         for l in RECORDED.lines().take(40) {
             m.ingest_line(l).unwrap();
         }
         assert!(m.row(&RowKey::Service("db".into())).is_some());
+        m
+    }
+
+    #[test]
+    fn a_released_label_service_leaves_and_a_restarted_agent_is_said() {
+        let mut m = model_with_db_row();
         m.ingest_line(&line(
             serde_json::json!({"type": "label_slo", "outcome": "released",
             "container": "db", "container_id": "ab", "service": "db", "slo": null,
@@ -1219,11 +1225,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_renamed_label_service_leaves_its_old_row() {
-        let mut m = Model::default();
-        for l in RECORDED.lines().take(40) {
-            m.ingest_line(l).unwrap();
-        }
-        assert!(m.row(&RowKey::Service("db".into())).is_some());
+        let mut m = model_with_db_row();
         m.ingest_line(&line(
             serde_json::json!({"type": "label_slo", "outcome": "renamed",
             "container": "db2", "container_id": "ab", "service": "db2", "slo": null,
