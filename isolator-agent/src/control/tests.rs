@@ -20,7 +20,7 @@ fn container_id(n: u8) -> String {
     format!("{n:064x}")
 }
 
-/// Docker container `n` as the runtime lists it.
+/// Docker container `n` as the runtime lists it (a pod's container by struct update).
 fn docker_container(n: u8, name: &str, labels: &[(&str, &str)], running: bool) -> ContainerInfo {
     ContainerInfo {
         id: container_id(n),
@@ -166,7 +166,7 @@ fn pod_label_services_follow_what_containerd_says() {
     .unwrap();
     let policy = crate::policy::by_name("adaptive", 0.75).unwrap();
     let mut c = Controller::new(config, policy, Enforcer::new(hierarchy.clone(), None));
-    let id = |n: u8| format!("{n:064x}");
+    let id = container_id;
     let uid = |pod: &str| format!("{:0>8}-0000-0000-0000-000000000000", pod.len());
     let info = |n: u8, pod: &str, container: Option<&str>, labels: &[(&str, &str)], running| {
         let name = match container {
@@ -174,14 +174,6 @@ fn pod_label_services_follow_what_containerd_says() {
             None => format!("shop/{pod}"),
         };
         ContainerInfo {
-            id: id(n),
-            name,
-            image: "img".into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            running,
             runtime: Runtime::Containerd,
             pod: Some(PodMember {
                 namespace: "shop".into(),
@@ -189,6 +181,7 @@ fn pod_label_services_follow_what_containerd_says() {
                 uid: uid(pod),
                 container: container.map(str::to_string),
             }),
+            ..docker_container(n, &name, labels, running)
         }
     };
     let slo = [("isolator.class", "latency"), ("isolator.p999", "20ms")];

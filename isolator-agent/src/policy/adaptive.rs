@@ -980,7 +980,7 @@ impl RecentLoads {
     /// cycle under it) and nobody pushed more than [`STALL_LOAD`] times what it did in the
     /// cycles `from..now` (false when either is not recorded).
     fn same_fixed_load(&self, from: u64, now: u64) -> bool {
-        let Some(current) = self.cycles.iter().find(|l| l.cycle == now) else {
+        let Some(current) = self.cycles.back().filter(|l| l.cycle == now) else {
             return false;
         };
         let before: Vec<&DeviceLoad> = self
@@ -1291,7 +1291,8 @@ impl DeviceHistory {
     }
 
     /// Whether the cycles `from..now` (not `now`, the cycle last recorded) had no
-    /// violation, no near miss and no stall, and at least a probe window of them measured.
+    /// violation, no near miss and no stall (each sets `last_near`), and at least a probe
+    /// window of them measured.
     fn clean_before(&self, from: u64, now: u64) -> bool {
         let measured = self
             .fractions
@@ -2202,7 +2203,6 @@ impl Adaptive {
             // back; the cut to 70 % it got took 10-17 cycles of probes to climb back.
             let lone_jump = || {
                 (l as f64) < PROBE_STALL_FRACTION * slo as f64
-                    && stalls.is_empty()
                     && h.clean_before(from, d.cycle)
                     && loads.is_some_and(|l| l.same_fixed_load(from, d.cycle))
             };
@@ -3582,6 +3582,12 @@ mod tests {
         d.services[1].limit.total_bps()
     }
 
+    /// Whether `ds` cut a cap under `cap` for a reason that says `why`.
+    fn cuts_under(ds: &[Decision], cap: u64, why: &str) -> bool {
+        ds.iter()
+            .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains(why))
+    }
+
     /// The pair after 120 cycles, the writer's cap settled: (disk, policy, cap).
     fn settled_pair() -> (SimDisk, Adaptive, u64) {
         let mut disk = pair();
@@ -3777,9 +3783,7 @@ mod tests {
         assert!(h[0].0.services[0].violating() && h[3].0.services[0].violating());
         assert!(h[..3].iter().all(|(_, d)| d.is_empty()), "{h:?}");
         assert!(
-            h[3].1
-                .iter()
-                .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains(BUDGET_CUT_REASON)),
+            cuts_under(&h[3].1, cap, BUDGET_CUT_REASON),
             "the second violation in ten under {cap} on a plateau cut nothing: {:?}",
             h[3].1
         );
@@ -3799,6 +3803,18 @@ mod tests {
         panic!("the settled cap kept changing: the test saw nothing");
     }
 
+    /// Runs one cycle in which a stall of 14 ms puts the reader at 3-4 times its target (see
+    /// the cliff test above): its cycle and decisions.
+    fn jump_to_3_to_4_times(
+        disk: &mut SimDisk,
+        p: &mut Adaptive,
+    ) -> Vec<(DeviceCycle, Vec<Decision>)> {
+        let h = disk.run_stalled(p, 14e6);
+        let f = h[0].0.services[0].p999_ns.unwrap() as f64 / 5e6;
+        assert!((3.0..4.0).contains(&f), "the jump at {f:.2} of the target");
+        h
+    }
+
     /// One cycle at 3-4 times the target (a stall of the disk short of
     /// [`PROBE_STALL_FRACTION`]) under a settled cap whose cycles before it were clean, the
     /// writer at the same rate: the one violation in ten the budget allows, no cut. A second
@@ -3808,19 +3824,14 @@ mod tests {
     fn a_lone_jump_far_over_the_target_under_a_clean_settled_cap_waits_for_a_second() {
         let (mut disk, mut p, _) = settled_pair();
         let cap = quiet_settled_pair(&mut disk, &mut p);
-        // 14 ms more: 3-4 times the target (see the cliff test above).
-        let h = disk.run_stalled(&mut p, 14e6);
-        let f = h[0].0.services[0].p999_ns.unwrap() as f64 / 5e6;
-        assert!((3.0..4.0).contains(&f), "the jump at {f:.2} of the target");
+        let h = jump_to_3_to_4_times(&mut disk, &mut p);
         assert!(h[0].1.is_empty(), "{:?}", h[0].1);
         let h = disk.run(&mut p, 2);
         assert!(h.iter().all(|(_, ds)| ds.is_empty()), "{h:?}");
         assert_eq!(writer_cap(&disk), Some(cap));
         let h = disk.run_stalled(&mut p, 14e6);
         assert!(
-            h[0].1
-                .iter()
-                .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains(BUDGET_CUT_REASON)),
+            cuts_under(&h[0].1, cap, BUDGET_CUT_REASON),
             "a second violation in ten under {cap} cut nothing: {:?}",
             h[0].1
         );
@@ -3843,13 +3854,9 @@ mod tests {
             "the cycle at 0.93-0.97 of the target was no near miss by the policy's bar"
         );
         disk.knee_scale = calm;
-        let h = disk.run_stalled(&mut p, 14e6);
-        let f = h[0].0.services[0].p999_ns.unwrap() as f64 / 5e6;
-        assert!((3.0..4.0).contains(&f), "the jump at {f:.2} of the target");
+        let h = jump_to_3_to_4_times(&mut disk, &mut p);
         assert!(
-            h[0].1
-                .iter()
-                .any(|d| d.to.is_some_and(|to| to < cap) && d.reason.contains("times its target")),
+            cuts_under(&h[0].1, cap, "times its target"),
             "a violation far over the target after a near miss under {cap} cut nothing: {:?}",
             h[0].1
         );
@@ -3868,9 +3875,7 @@ mod tests {
         let cap = quiet_settled_pair(&mut disk, &mut p);
         assert!(disk.services[2].limit.is_unlimited());
         disk.services[2].demand_bps = 60e6;
-        let h = disk.run_stalled(&mut p, 14e6);
-        let f = h[0].0.services[0].p999_ns.unwrap() as f64 / 5e6;
-        assert!((3.0..4.0).contains(&f), "the jump at {f:.2} of the target");
+        let h = jump_to_3_to_4_times(&mut disk, &mut p);
         assert!(
             h[0].1.iter().any(|d| d.service == 1
                 && d.to.is_some_and(|to| to < cap)
