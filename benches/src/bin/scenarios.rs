@@ -202,7 +202,7 @@ fn run() -> Result<()> {
             _ => bail!(
                 "usage: scenarios [--scenarios writer,random-reader,on-off,paper-mix,postgres,vm-writer] \
                  [--runs N] [--slo-ms N] [--seconds N] [--modes none,static,{}[@REV]] \
-                 [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--pg-caps ..] [--vm-caps ..] \
+                 [--writer-caps ..] [--scan-caps ..] [--mix-caps ..] [--pg-caps ..] [--pg-target p95|p999|p95,p999] [--vm-caps ..] \
                  [--vm-slo-ms N] [--weights V/A,..] [--iocost-qos 'rpct=.. rlat=..'] [--events-dir DIR]",
                 POLICIES.join(",")
             ),
