@@ -175,6 +175,15 @@ pub const SEARCH_CYCLES: u64 = 10;
 const MARGINAL: f64 = 1.2;
 /// A settled cap that must give way keeps at least this fraction: it was near the knee.
 const GENTLE_CUT_MIN: f64 = 0.7;
+/// Budget cuts in a row that took a cap to this fraction of where they started, with the
+/// victim still within [`FUTILE_CUT_NEAR`] of its target and its level fallen by less than
+/// [`FUTILE_SLOPE`] per unit of log rate, moved nothing a cut can: the disk's own latency
+/// sits at the target (BENCHMARKS run DM, the random reader, repeat 3: the reader at
+/// 2.9-3.4 ms against 3 with the scan at 117 MB/s and at 20; alone it read 2.9). The cap is
+/// held and the victim told `slo_infeasible`, not cut to the least cap. Far over its target
+/// a victim on a plateau (a writer's full load) is still cut: the knee is below.
+const FUTILE_CUT_SPAN: f64 = 0.5;
+const FUTILE_CUT_NEAR: f64 = 1.5;
 /// A settled cap whose window p99.9 (every I/O of its last cycles, up to [`NOISE_WINDOW`],
 /// at least [`TRIM_MIN_CYCLES`]) is above this fraction of a target is trimmed. Per-cycle
 /// p99.9 from ~15k samples scatters (0.8 to 3.6 ms for one cap of a random-read scan on the
@@ -468,6 +477,8 @@ struct Search {
     budget_cut: Option<BudgetCut>,
     /// The last trim for the window's p99.9 (see [`WindowTrim`]).
     window_trim: Option<WindowTrim>,
+    /// Cuts that moved nothing, holding this cap (see [`FutileCuts`]).
+    futile_cuts: Option<FutileCuts>,
 }
 
 /// A trim for the window's p99.9: from which cap to which, and the window's fraction of
@@ -538,6 +549,18 @@ struct BudgetCut {
     to: u64,
     cycle: u64,
     factor: f64,
+    /// Where this run of budget cuts started: the cap the first cut left, and the mean log
+    /// fraction of the window that broke the budget there (see [`FUTILE_CUT_SPAN`]).
+    chain_from: (u64, f64),
+}
+
+/// A settled cap whose budget cuts moved nothing (see [`FUTILE_CUT_SPAN`]): held at `cap`
+/// while the victim's level stays under `level` + ln [`MARGINAL`]; a cap changed since, or
+/// a victim that got worse, ends it.
+#[derive(Debug, Clone, Copy)]
+struct FutileCuts {
+    cap: u64,
+    level: f64,
 }
 
 /// Where a doubling search's last raise came from.
@@ -1869,6 +1892,15 @@ impl Adaptive {
         full: Option<(f64, usize, usize)>,
     ) -> Option<Vec<Decision>> {
         let cap = s.limit.total_bps()?;
+        // Cuts here moved nothing: a trim would not either.
+        if self
+            .searches
+            .get(&(d.dev, s.id))
+            .and_then(|st| st.futile_cuts)
+            .is_some_and(|f| f.cap == cap)
+        {
+            return None;
+        }
         let from = regime_start(d);
         let futile = match (self.searches.get_mut(&(d.dev, s.id)), full) {
             (Some(st), Some((f, _, _))) => st.window_trim.as_mut().is_some_and(|t| {
@@ -2211,6 +2243,53 @@ impl Adaptive {
                     .trim(d, a, cause, self.trim_window(d))
                     .unwrap_or_default();
             }
+            // Cuts that moved nothing hold the cap (see [`FUTILE_CUT_SPAN`]).
+            let level_now = h.level_since(from).map(|(m, _)| m);
+            let held_futile = self
+                .searches
+                .get(&(d.dev, a.id))
+                .and_then(|st| st.futile_cuts)
+                .filter(|f| f.cap == cap && level_now.is_some_and(|l| l < f.level + MARGINAL.ln()));
+            let chain_futile = after_cut.and_then(|b| {
+                let (start, start_level) = b.chain_from;
+                let span = cap as f64 / start as f64;
+                let now = level_now?;
+                (span <= FUTILE_CUT_SPAN
+                    && now < FUTILE_CUT_NEAR.ln()
+                    && start_level - now < FUTILE_SLOPE * -span.ln())
+                .then_some((start, start_level, now))
+            });
+            if held_futile.is_some() || chain_futile.is_some() {
+                if let Some((start, start_level, now)) = chain_futile {
+                    let st = self.searches.entry((d.dev, a.id)).or_default();
+                    st.futile_cuts = Some(FutileCuts { cap, level: now });
+                    st.window_trim = None;
+                    if !h.told_infeasible.contains(&victim.id) {
+                        h.told_infeasible.push(victim.id);
+                        self.findings.push(Finding::SloInfeasible {
+                            service: victim.id,
+                            dev: d.dev,
+                            cycle: d.cycle,
+                            latency: LatencyNumbers::of(victim),
+                            others_bps: others_bps(d, victim.id),
+                            action: format!(
+                                "none: {}'s cap held at {:.0} MB/s",
+                                a.name,
+                                cap as f64 / 1e6
+                            ),
+                            reason: format!(
+                                "cuts of {} from {:.0} to {:.0} MB/s moved its latency from {:.2} to {:.2} of the target: the disk's own latency is at the target, which no cap fixes",
+                                a.name,
+                                start as f64 / 1e6,
+                                cap as f64 / 1e6,
+                                start_level.exp(),
+                                now.exp()
+                            ),
+                        });
+                    }
+                }
+                return vec![];
+            }
             // Squared, as a first cut: a cap that broke the budget under a scan's scatter
             // and was cut by SLO/L (186 to 168 MB/s at 3.5 ms against 3) broke it again at
             // once. After a cut that did not hold, the factors compound: the curve is
@@ -2238,10 +2317,12 @@ impl Adaptive {
                 k.window = window_verdict;
             }
             st.held = Some(to);
+            let chain_from = after_cut.map_or((cap, level_now.unwrap_or(0.0)), |b| b.chain_from);
             st.budget_cut = Some(BudgetCut {
                 to,
                 cycle: d.cycle,
                 factor,
+                chain_from,
             });
             // The window misjudged the budget here: what it measured flat is no guide.
             st.window_trim = None;
