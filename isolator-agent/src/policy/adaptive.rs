@@ -175,14 +175,15 @@ pub const SEARCH_CYCLES: u64 = 10;
 const MARGINAL: f64 = 1.2;
 /// A settled cap that must give way keeps at least this fraction: it was near the knee.
 const GENTLE_CUT_MIN: f64 = 0.7;
-/// Budget cuts in a row that took a cap to this fraction of where they started, with the
+/// Budget cuts in a row that took a service's rate to this fraction of where they started (two
+/// cuts to 70 %, the rate lagging the cap by a few per cent), with the
 /// victim still within [`FUTILE_CUT_NEAR`] of its target and its level fallen by less than
 /// [`FUTILE_SLOPE`] per unit of log rate, moved nothing a cut can: the disk's own latency
 /// sits at the target (BENCHMARKS run DM, the random reader, repeat 3: the reader at
 /// 2.9-3.4 ms against 3 with the scan at 117 MB/s and at 20; alone it read 2.9). The cap is
 /// held and the victim told `slo_infeasible`, not cut to the least cap. Far over its target
 /// a victim on a plateau (a writer's full load) is still cut: the knee is below.
-const FUTILE_CUT_SPAN: f64 = 0.5;
+const FUTILE_CUT_SPAN: f64 = 0.55;
 const FUTILE_CUT_NEAR: f64 = 1.5;
 /// A settled cap whose window p99.9 (every I/O of its last cycles, up to [`NOISE_WINDOW`],
 /// at least [`TRIM_MIN_CYCLES`]) is above this fraction of a target is trimmed. Per-cycle
@@ -549,9 +550,11 @@ struct BudgetCut {
     to: u64,
     cycle: u64,
     factor: f64,
-    /// Where this run of budget cuts started: the cap the first cut left, and the mean log
-    /// fraction of the window that broke the budget there (see [`FUTILE_CUT_SPAN`]).
-    chain_from: (u64, f64),
+    /// Where this run of budget cuts started: the service's measured rate (B/s) in the cycle
+    /// of the first, and the mean log fraction of the violations that broke the budget
+    /// there (see [`FUTILE_CUT_SPAN`]). Rates, not caps: a cap not in force (a dry run, a
+    /// service under it) cut nothing.
+    chain_from: (f64, f64),
 }
 
 /// A settled cap whose budget cuts moved nothing (see [`FUTILE_CUT_SPAN`]): held at `cap`
@@ -2252,7 +2255,7 @@ impl Adaptive {
                 .filter(|f| f.cap == cap && level_now.is_some_and(|l| l < f.level + MARGINAL.ln()));
             let chain_futile = after_cut.and_then(|b| {
                 let (start, start_level) = b.chain_from;
-                let span = cap as f64 / start as f64;
+                let span = a.bps() / start.max(1.0);
                 let now = level_now?;
                 (span <= FUTILE_CUT_SPAN
                     && now < FUTILE_CUT_NEAR.ln()
@@ -2280,8 +2283,8 @@ impl Adaptive {
                             reason: format!(
                                 "cuts of {} from {:.0} to {:.0} MB/s moved its latency from {:.2} to {:.2} of the target: the disk's own latency is at the target, which no cap fixes",
                                 a.name,
-                                start as f64 / 1e6,
-                                cap as f64 / 1e6,
+                                start / 1e6,
+                                a.bps() / 1e6,
                                 start_level.exp(),
                                 now.exp()
                             ),
@@ -2317,7 +2320,13 @@ impl Adaptive {
                 k.window = window_verdict;
             }
             st.held = Some(to);
-            let chain_from = after_cut.map_or((cap, level_now.unwrap_or(0.0)), |b| b.chain_from);
+            let chain_from = after_cut.map_or_else(
+                || {
+                    let broke = mean_log(h.logs_since(from).filter(|&x| x > 0.0));
+                    (a.bps(), broke.map_or(0.0, |(m, _)| m))
+                },
+                |b| b.chain_from,
+            );
             st.budget_cut = Some(BudgetCut {
                 to,
                 cycle: d.cycle,
