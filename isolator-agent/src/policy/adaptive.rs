@@ -620,6 +620,11 @@ struct StalledProbe {
 }
 
 impl Search {
+    /// The hold of futile cuts at `cap`, if that is the cap they held (see [`FutileCuts`]).
+    fn futile_at(&self, cap: u64) -> Option<FutileCuts> {
+        self.futile_cuts.filter(|f| f.cap == cap)
+    }
+
     /// The knee, while it is trusted.
     fn bad(&self, cycle: u64) -> Option<u64> {
         self.knee.and_then(|k| k.trusted(cycle))
@@ -1127,6 +1132,16 @@ impl RecentLoads {
 }
 
 impl DeviceHistory {
+    /// Notes that `victim` is told `slo_infeasible` in its current violation spell: true the
+    /// first time (say it then), false after.
+    fn first_told(&mut self, victim: ServiceId) -> bool {
+        let first = !self.told_infeasible.contains(&victim);
+        if first {
+            self.told_infeasible.push(victim);
+        }
+        first
+    }
+
     /// Records a cycle whose worst p99.9 fraction is `worst` (None: a stall, a near miss
     /// kept out of the level and the scatter). A violation `spends` the budget unless it is
     /// a stall a probe met: the probe is undone, and its run again tells.
@@ -1403,6 +1418,24 @@ fn keep_last(q: &mut VecDeque<u64>, window: u64, now: u64) {
 
 /// The rate of every service on `d` but `id`. A fold from +0.0: an empty `f64` sum is -0.0,
 /// which an event would print as `-0.0`.
+/// The `slo_infeasible` notice for `victim` in `d`: what the policy does and why.
+fn slo_infeasible(
+    d: &DeviceCycle,
+    victim: &ServiceLoad,
+    action: String,
+    reason: String,
+) -> Finding {
+    Finding::SloInfeasible {
+        service: victim.id,
+        dev: d.dev,
+        cycle: d.cycle,
+        latency: LatencyNumbers::of(victim),
+        others_bps: others_bps(d, victim.id),
+        action,
+        reason,
+    }
+}
+
 fn others_bps(d: &DeviceCycle, id: ServiceId) -> f64 {
     d.services
         .iter()
@@ -1899,8 +1932,8 @@ impl Adaptive {
         if self
             .searches
             .get(&(d.dev, s.id))
-            .and_then(|st| st.futile_cuts)
-            .is_some_and(|f| f.cap == cap)
+            .and_then(|st| st.futile_at(cap))
+            .is_some()
         {
             return None;
         }
@@ -2251,8 +2284,8 @@ impl Adaptive {
             let held_futile = self
                 .searches
                 .get(&(d.dev, a.id))
-                .and_then(|st| st.futile_cuts)
-                .filter(|f| f.cap == cap && level_now.is_some_and(|l| l < f.level + MARGINAL.ln()));
+                .and_then(|st| st.futile_at(cap))
+                .is_some_and(|f| level_now.is_some_and(|l| l < f.level + MARGINAL.ln()));
             let chain_futile = after_cut.and_then(|b| {
                 let (start, start_level) = b.chain_from;
                 let span = a.bps() / start.max(1.0);
@@ -2262,35 +2295,29 @@ impl Adaptive {
                     && start_level - now < FUTILE_SLOPE * -span.ln())
                 .then_some((start, start_level, now))
             });
-            if held_futile.is_some() || chain_futile.is_some() {
-                if let Some((start, start_level, now)) = chain_futile {
-                    let st = self.searches.entry((d.dev, a.id)).or_default();
-                    st.futile_cuts = Some(FutileCuts { cap, level: now });
-                    st.window_trim = None;
-                    if !h.told_infeasible.contains(&victim.id) {
-                        h.told_infeasible.push(victim.id);
-                        self.findings.push(Finding::SloInfeasible {
-                            service: victim.id,
-                            dev: d.dev,
-                            cycle: d.cycle,
-                            latency: LatencyNumbers::of(victim),
-                            others_bps: others_bps(d, victim.id),
-                            action: format!(
-                                "none: {}'s cap held at {:.0} MB/s",
-                                a.name,
-                                cap as f64 / 1e6
-                            ),
-                            reason: format!(
-                                "cuts of {} from {:.0} to {:.0} MB/s moved its latency from {:.2} to {:.2} of the target: the disk's own latency is at the target, which no cap fixes",
-                                a.name,
-                                start / 1e6,
-                                a.bps() / 1e6,
-                                start_level.exp(),
-                                now.exp()
-                            ),
-                        });
-                    }
+            if let Some((start, start_level, now)) = chain_futile {
+                let st = self.searches.entry((d.dev, a.id)).or_default();
+                st.futile_cuts = Some(FutileCuts { cap, level: now });
+                st.window_trim = None;
+                if h.first_told(victim.id) {
+                    let action = format!(
+                        "none: {}'s cap held at {:.0} MB/s",
+                        a.name,
+                        cap as f64 / 1e6
+                    );
+                    let reason = format!(
+                        "cuts of {} from {:.0} to {:.0} MB/s moved its latency from {:.2} to {:.2} of the target: the disk's own latency is at the target, which no cap fixes",
+                        a.name,
+                        start / 1e6,
+                        a.bps() / 1e6,
+                        start_level.exp(),
+                        now.exp()
+                    );
+                    self.findings
+                        .push(slo_infeasible(d, victim, action, reason));
                 }
+            }
+            if held_futile || chain_futile.is_some() {
                 return vec![];
             }
             // Squared, as a first cut: a cap that broke the budget under a scan's scatter
@@ -3173,30 +3200,23 @@ impl Adaptive {
         let own_queue = victim.mean_inflight > 1.5;
         // Its requests would wait in that cap, unseen where the probe does not time it.
         let cut_own = own_queue && d.throttle_wait_timed && streak >= SELF_BLAME_CYCLES;
-        if !h.told_infeasible.contains(&victim.id) {
-            h.told_infeasible.push(victim.id);
+        if h.first_told(victim.id) {
             let reason = if others_bps < 1e6 {
                 "nobody else loads the device: the target is below what the service gets alone"
             } else {
                 "no other service can be cut: each runs at or under the least cap the policy sets (its floor, its rate target, or 1 MiB/s), is under its own target, or is a latency service the policy may not cut, and those with room carry under a twentieth of the device together"
             };
-            self.findings.push(Finding::SloInfeasible {
-                service: victim.id,
-                dev: d.dev,
-                cycle: d.cycle,
-                latency: LatencyNumbers::of(victim),
-                others_bps,
-                action: if cut_own {
-                    "cut the service's own concurrency".into()
-                } else if own_queue && d.throttle_wait_timed {
-                    format!("cut the service's own concurrency once it is the worst for {SELF_BLAME_CYCLES} cycles in a row")
-                } else if own_queue {
-                    "none: the wait in a cap of its own concurrency would not be in its latency (kernel_features.throttle_wait_timed is false)".into()
-                } else {
-                    "none: nothing left to cut".into()
-                },
-                reason: reason.into(),
-            });
+            let action = if cut_own {
+                "cut the service's own concurrency".into()
+            } else if own_queue && d.throttle_wait_timed {
+                format!("cut the service's own concurrency once it is the worst for {SELF_BLAME_CYCLES} cycles in a row")
+            } else if own_queue {
+                "none: the wait in a cap of its own concurrency would not be in its latency (kernel_features.throttle_wait_timed is false)".into()
+            } else {
+                "none: nothing left to cut".into()
+            };
+            self.findings
+                .push(slo_infeasible(d, victim, action, reason.into()));
         }
         let mut out = vec![];
         if let (Some(slo), Some(l)) = (victim.slo_ns(), victim.judged_latency()) {
