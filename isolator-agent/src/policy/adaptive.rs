@@ -558,11 +558,14 @@ struct BudgetCut {
 }
 
 /// A settled cap whose budget cuts moved nothing (see [`FUTILE_CUT_SPAN`]): held at `cap`
-/// while the victim's level stays under `level` + ln [`MARGINAL`]; a cap changed since, or
-/// a victim that got worse, ends it.
+/// while the victim's level stays under `level` + ln [`MARGINAL`]; a cap changed since (even
+/// back to the same value, as a lift and a return to the cap that held), or a victim that
+/// got worse, ends it.
 #[derive(Debug, Clone, Copy)]
 struct FutileCuts {
     cap: u64,
+    /// The cycle the held cap was set in.
+    set_at: Option<u64>,
     level: f64,
 }
 
@@ -620,9 +623,11 @@ struct StalledProbe {
 }
 
 impl Search {
-    /// The hold of futile cuts at `cap`, if that is the cap they held (see [`FutileCuts`]).
-    fn futile_at(&self, cap: u64) -> Option<FutileCuts> {
-        self.futile_cuts.filter(|f| f.cap == cap)
+    /// The hold of futile cuts, if `s`'s cap is the one they held, unchanged since (see
+    /// [`FutileCuts`]).
+    fn futile_at(&self, s: &ServiceLoad) -> Option<FutileCuts> {
+        self.futile_cuts
+            .filter(|f| s.limit.total_bps() == Some(f.cap) && s.changed_cycle == f.set_at)
     }
 
     /// The knee, while it is trusted.
@@ -1932,7 +1937,7 @@ impl Adaptive {
         if self
             .searches
             .get(&(d.dev, s.id))
-            .and_then(|st| st.futile_at(cap))
+            .and_then(|st| st.futile_at(s))
             .is_some()
         {
             return None;
@@ -2288,7 +2293,7 @@ impl Adaptive {
             let held_futile = self
                 .searches
                 .get(&(d.dev, a.id))
-                .and_then(|st| st.futile_at(cap))
+                .and_then(|st| st.futile_at(a))
                 .is_some_and(|f| level_now.is_some_and(|l| l < f.level + MARGINAL.ln()));
             let chain_futile = after_cut.and_then(|b| {
                 let (start, start_level) = b.chain_from;
@@ -2301,7 +2306,11 @@ impl Adaptive {
             });
             if let Some((start, start_level, now)) = chain_futile {
                 let st = self.searches.entry((d.dev, a.id)).or_default();
-                st.futile_cuts = Some(FutileCuts { cap, level: now });
+                st.futile_cuts = Some(FutileCuts {
+                    cap,
+                    set_at: a.changed_cycle,
+                    level: now,
+                });
                 st.window_trim = None;
                 if h.first_told(victim.id) {
                     let action = format!(
@@ -3705,6 +3714,32 @@ mod tests {
         let mut disk = db_and_two_writers(5);
         disk.noise_seed = Some(seed);
         (disk, Adaptive::default())
+    }
+
+    /// The hold of futile cuts is the cap they held as it was set then: the same value set
+    /// again later (a lift, then a return to the cap that held) is a new cap, judged anew.
+    #[test]
+    fn a_futile_cut_hold_ends_when_its_cap_is_set_again_even_to_the_same_value() {
+        let mut writer = pair().step().services.remove(1);
+        writer.limit.wbps = Some(100_000_000);
+        writer.changed_cycle = Some(30);
+        let st = Search {
+            futile_cuts: Some(FutileCuts {
+                cap: 100_000_000,
+                set_at: Some(30),
+                level: 0.0,
+            }),
+            ..Search::default()
+        };
+        assert!(st.futile_at(&writer).is_some(), "the held cap is not held");
+        writer.changed_cycle = Some(55);
+        assert!(
+            st.futile_at(&writer).is_none(),
+            "a cap set again still held"
+        );
+        writer.changed_cycle = Some(30);
+        writer.limit.wbps = Some(90_000_000);
+        assert!(st.futile_at(&writer).is_none(), "another cap held");
     }
 
     fn writer_cap(d: &SimDisk) -> Option<u64> {
