@@ -2534,16 +2534,29 @@ impl Adaptive {
     /// broke the next cycle too (1.19 then 1.17 times the target, 1.51 and 1.51, 1.27 and
     /// 1.35, 1.01 and 1.01); waiting for it cost a violation each.
     fn fall_back_in_force(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
-        let Some(changed) = a.changed_cycle else {
+        self.transition_in_force(d, a, |st, changed, _| {
+            st.fell_back_at == Some(changed)
+                && !self.loads.get(&d.dev).is_some_and(|l| l.is_stall(changed))
+        })
+    }
+
+    /// Whether this cycle is the transition of `a`'s last change, a change `set_by` says
+    /// its search made (given the change's cycle and the cap), and `a` ran in it as it does
+    /// in force ([`Adaptive::cut_ran_in_force`]).
+    fn transition_in_force(
+        &self,
+        d: &DeviceCycle,
+        a: &ServiceLoad,
+        set_by: impl Fn(&Search, u64, u64) -> bool,
+    ) -> bool {
+        let (Some(cap), Some(changed)) = (a.limit.total_bps(), a.changed_cycle) else {
             return false;
         };
         d.cycle == changed + 1
             && self
                 .searches
                 .get(&(d.dev, a.id))
-                .and_then(|st| st.fell_back_at)
-                == Some(changed)
-            && !self.loads.get(&d.dev).is_some_and(|l| l.is_stall(changed))
+                .is_some_and(|st| set_by(st, changed, cap))
             && self.cut_ran_in_force(d, a)
     }
 
@@ -2568,16 +2581,10 @@ impl Adaptive {
     /// 86 MB/s, in force at 86 in its transition, read 6.6 ms there and 6.5 in the next
     /// cycle, which cut it to 60 (2.9 ms): four violating cycles in a row.
     fn budget_cut_in_force(&self, d: &DeviceCycle, a: &ServiceLoad) -> bool {
-        let (Some(cap), Some(changed)) = (a.limit.total_bps(), a.changed_cycle) else {
-            return false;
-        };
-        d.cycle == changed + 1
-            && self
-                .searches
-                .get(&(d.dev, a.id))
-                .and_then(|st| st.budget_cut)
+        self.transition_in_force(d, a, |st, changed, cap| {
+            st.budget_cut
                 .is_some_and(|b| b.to == cap && b.cycle == changed)
-            && self.cut_ran_in_force(d, a)
+        })
     }
 
     /// One cut big enough to meet the SLO at the next full cycle.
