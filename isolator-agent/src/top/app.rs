@@ -173,6 +173,13 @@ impl App {
         if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
             return Flow::Quit;
         }
+        // No other binding takes Ctrl or Alt: a NUL byte on the terminal reads as Ctrl+Space
+        // (seen under `script` with stdin at /dev/null), and Space would pause the screen.
+        if k.modifiers
+            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+        {
+            return Flow::Continue;
+        }
         if self.editing_filter {
             match k.code {
                 KeyCode::Enter => self.editing_filter = false,
@@ -283,6 +290,18 @@ mod tests {
 
     fn press(app: &mut App, code: KeyCode) -> Flow {
         app.key(KeyEvent::from(code))
+    }
+
+    #[test]
+    fn a_nul_byte_read_as_ctrl_space_neither_pauses_nor_types() {
+        let mut app = app();
+        let ctrl = |c| KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL);
+        assert_eq!(app.key(ctrl(' ')), Flow::Continue);
+        assert!(!app.paused(), "Ctrl+Space paused the screen");
+        press(&mut app, KeyCode::Char('/'));
+        app.key(ctrl(' '));
+        assert_eq!(app.filter, "", "Ctrl+Space went into the filter");
+        assert_eq!(app.key(ctrl('c')), Flow::Quit);
     }
 
     #[test]
