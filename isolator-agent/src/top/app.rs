@@ -173,11 +173,10 @@ impl App {
         if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
             return Flow::Quit;
         }
-        // No other binding takes Ctrl or Alt: a NUL byte on the terminal reads as Ctrl+Space
-        // (seen under `script` with stdin at /dev/null), and Space would pause the screen.
-        if k.modifiers
-            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
-        {
+        // No other binding takes Ctrl: a NUL byte on the terminal reads as Ctrl+Space (seen
+        // under `script` with stdin at /dev/null), and Space would pause the screen. Alt stays
+        // as it was: an Esc and a key that arrive in one read parse as Alt and that key.
+        if k.modifiers.contains(KeyModifiers::CONTROL) {
             return Flow::Continue;
         }
         if self.editing_filter {
