@@ -365,7 +365,8 @@ struct Knee {
     /// The p99.9 fraction measured at this rate: the worst of the cycle that broke, when a
     /// probe to it broke the SLO; the window's (or the scatter model's one-in-ten level)
     /// when a trim left it. Where the latency curve is near or above the target (see
-    /// [`Search::probe_toward`]); None for a cut's knee.
+    /// [`Search::probe_toward`]); None for a cut's knee, but a stale fall-back's (its cap
+    /// measured in force).
     fraction: Option<f64>,
     /// Set by a cut from no cap: the service's full load broke the SLO at this rate. Not a
     /// slow spell of the disk under a cap that had held (see [`SHORT_STEP`]).
@@ -2366,8 +2367,17 @@ impl Adaptive {
                 h.total_broke(d);
             }
             let to = ((cap as f64 * factor) as u64).max(least_cap_bps(a));
+            // A stale fall-back's cap was measured in force at this fraction, right after
+            // the probe over it broke: a measured knee, as a broken probe's, so the settled
+            // search's rules apply under it (the change budget, [`SETTLED_KNEE_PRECISION`]).
+            // As a cut's knee (maybe a slow spell) the search climbed straight back at it.
+            // Seen on the test disk (BENCHMARKS run DQ, the writer, repeat 1): a probe to 411
+            // MB/s broke, the fall-back to 373 broke in force and was cut to 261; ten cycles
+            // later 261 -> 312 -> 341 two cycles apart, 341 broke, the fall-back to 312 broke
+            // and was cut to 219: four changes and two violating cycles in five cycles.
+            let measured = stale_fall_back.then_some(l as f64 / slo as f64);
             let st = self.searches.entry((d.dev, a.id)).or_default();
-            st.remember_bad(cap, d.cycle, None);
+            st.remember_bad(cap, d.cycle, measured);
             if let Some(k) = st.knee.as_mut() {
                 k.window = window_verdict;
             }
@@ -5127,6 +5137,57 @@ mod tests {
             .unwrap_or_else(|| panic!("the fall-back to {good} was not cut in its transition"));
         assert!(d.reason.contains("in force already"), "{}", d.reason);
         assert!(d.to.is_some_and(|to| to < good), "{good} -> {d:?}");
+    }
+
+    /// A stale fall-back's knee is measured (its cap broke in force, right after the probe
+    /// over it): the disk back to fast, the search climbs back from the cut once the change
+    /// budget allows, half-way, and stops [`SETTLED_KNEE_PRECISION`] under the knee while it
+    /// is trusted. As a cut's knee it climbed two cycles apart toward it (BENCHMARKS run DQ,
+    /// the writer, repeat 1: 261 -> 312 -> 341 MB/s, the second broke, its fall-back broke:
+    /// four changes in five cycles).
+    #[test]
+    fn after_a_stale_fall_back_the_climb_back_keeps_the_change_budget() {
+        let (mut disk, mut p, good) = back_from_a_broken_probe();
+        disk.knee_scale = disk
+            .knee_scale_for_next(50..3000, 1.2..1.4)
+            .expect("a knee that puts the reader at 1.2-1.4");
+        let (_, ds) = disk.run(&mut p, 1).remove(0);
+        let cut_to = ds
+            .first()
+            .filter(|d| d.reason.contains("in force already"))
+            .and_then(|d| d.to)
+            .unwrap_or_else(|| panic!("the stale fall-back to {good} was not cut: {ds:?}"));
+        let cut_at = disk.cycle - 1;
+        // The slow spell is over: the reader far under its target at the cut.
+        disk.knee_scale = disk
+            .knee_scale_for_next(50..6000, 0.15..0.25)
+            .expect("a knee that puts the reader at 0.15-0.25");
+        let h = disk.run(&mut p, BAD_MEMORY_CYCLES - 5);
+        let raises: Vec<(u64, u64)> = h
+            .iter()
+            .flat_map(|(c, ds)| ds.iter().map(move |d| (c.cycle, d)))
+            .filter_map(|(c, d)| d.to.map(|to| (c, to)))
+            .collect();
+        assert!(
+            !raises.is_empty(),
+            "no climb back from {cut_to} (knee {good})"
+        );
+        let (first_at, first_to) = raises[0];
+        assert!(
+            first_at >= cut_at + NOISE_WINDOW,
+            "raised at {first_at}, {} cycles after the cut: {raises:?}",
+            first_at - cut_at
+        );
+        assert!(first_to > cut_to, "{raises:?}");
+        assert_eq!(
+            raises.len(),
+            1,
+            "cut {good} -> {cut_to} at {cut_at}, then {raises:?}"
+        );
+        assert!(
+            first_to as f64 * SETTLED_KNEE_PRECISION >= good as f64 * 0.99,
+            "{raises:?}: stopped short of {good}/1.2"
+        );
     }
 
     /// An aggressor that goes quiet under its cap takes the victim's p99.9 from near its
