@@ -5118,15 +5118,23 @@ mod tests {
         assert!(to.is_some_and(|to| to < good), "{good} -> {to:?}: {why}");
     }
 
-    /// A fall-back that breaks the target already in its transition, with the writer at the
-    /// cap there, is cut in that cycle (see [`Adaptive::fall_back_in_force`]).
-    #[test]
-    fn a_fall_back_that_breaks_the_target_in_force_in_its_transition_is_cut_there() {
+    /// [`back_from_a_broken_probe`], then the fall-back's transition with the disk slowed
+    /// (the reader at 1.2-1.4 of its target): (disk, policy, the fall-back's cap, that cycle).
+    fn a_fall_back_breaking_in_its_transition(
+    ) -> (SimDisk, Adaptive, u64, (DeviceCycle, Vec<Decision>)) {
         let (mut disk, mut p, good) = back_from_a_broken_probe();
         disk.knee_scale = disk
             .knee_scale_for_next(50..3000, 1.2..1.4)
             .expect("a knee that puts the reader at 1.2-1.4");
-        let (c, ds) = disk.run(&mut p, 1).remove(0);
+        let cycle = disk.run(&mut p, 1).remove(0);
+        (disk, p, good, cycle)
+    }
+
+    /// A fall-back that breaks the target already in its transition, with the writer at the
+    /// cap there, is cut in that cycle (see [`Adaptive::fall_back_in_force`]).
+    #[test]
+    fn a_fall_back_that_breaks_the_target_in_force_in_its_transition_is_cut_there() {
+        let (_, _, good, (c, ds)) = a_fall_back_breaking_in_its_transition();
         assert_eq!(
             c.services[1].changed_cycle,
             Some(c.cycle - 1),
@@ -5150,11 +5158,7 @@ mod tests {
     /// in five cycles).
     #[test]
     fn after_a_stale_fall_back_the_climb_back_keeps_the_change_budget() {
-        let (mut disk, mut p, good) = back_from_a_broken_probe();
-        disk.knee_scale = disk
-            .knee_scale_for_next(50..3000, 1.2..1.4)
-            .expect("a knee that puts the reader at 1.2-1.4");
-        let (_, ds) = disk.run(&mut p, 1).remove(0);
+        let (mut disk, mut p, good, (_, ds)) = a_fall_back_breaking_in_its_transition();
         let cut_to = ds
             .first()
             .filter(|d| d.reason.contains("in force already"))

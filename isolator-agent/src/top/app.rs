@@ -170,14 +170,15 @@ impl App {
     }
 
     pub fn key(&mut self, k: KeyEvent) -> Flow {
-        if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
-            return Flow::Quit;
-        }
-        // No other binding takes Ctrl: a NUL byte on the terminal reads as Ctrl+Space (seen
-        // under `script` with stdin at /dev/null), and Space would pause the screen. Alt stays
-        // as it was: an Esc and a key that arrive in one read parse as Alt and that key.
+        // Ctrl-C quits; no other binding takes Ctrl: a NUL byte on the terminal reads as
+        // Ctrl+Space (seen under `script` with stdin at /dev/null), and Space would pause the
+        // screen. Alt stays as it was: an Esc and a key that arrive in one read parse as Alt
+        // and that key.
         if k.modifiers.contains(KeyModifiers::CONTROL) {
-            return Flow::Continue;
+            return match k.code {
+                KeyCode::Char('c') => Flow::Quit,
+                _ => Flow::Continue,
+            };
         }
         if self.editing_filter {
             match k.code {
